@@ -1,0 +1,55 @@
+//! `densevm`: the command-line front end. Only this crate sees every other crate;
+//! nothing depends on it.
+
+mod cmd;
+mod output;
+
+use clap::{Parser, Subcommand};
+
+/// densevm: a KVM virtual machine monitor built for memory density.
+#[derive(Parser, Debug)]
+#[command(name = "densevm", version, about, long_about = None)]
+struct Cli {
+    /// Log filter (tracing EnvFilter syntax), e.g. `info` or `densevm_vmm=debug`.
+    #[arg(long, global = true, env = "DENSEVM_LOG", default_value = "warn")]
+    log: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Create a VM and run it to completion.
+    Run(cmd::run::RunArgs),
+    /// Create, inspect and modify pcow images (qemu-img-like verbs).
+    Image(cmd::image::ImageArgs),
+    /// Serve a host directory over 9P2000.L.
+    #[command(name = "9p")]
+    NineP(cmd::ninep::NinePArgs),
+    /// Kernel image utilities (extract the ELF vmlinux from a bzImage).
+    Kernel(cmd::kernel::KernelArgs),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_new(&cli.log)
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let result = match cli.command {
+        Command::Run(args) => cmd::run::main(args),
+        Command::Image(args) => cmd::image::main(args),
+        Command::NineP(args) => cmd::ninep::main(args),
+        Command::Kernel(args) => cmd::kernel::main(args),
+    };
+    match result {
+        Ok(code) => std::process::exit(code),
+        Err(err) => {
+            eprintln!("densevm: error: {err:#}");
+            std::process::exit(1);
+        }
+    }
+}
