@@ -3,6 +3,12 @@ CARGO ?= cargo
 DENSEVM := target/release/densevm
 export CARGO_TERM_COLOR ?= never
 
+# Each subsystem adds its own targets in mk/<name>.mk and appends them to
+# TEST_TARGETS (run by `make test`) and BENCH_TARGETS (run by `make bench`).
+TEST_TARGETS :=
+BENCH_TARGETS :=
+-include mk/*.mk
+
 .PHONY: all deps build run test test-unit test-kvm lint bench clean
 
 all: build
@@ -25,10 +31,10 @@ lint: deps
 test-unit: build
 	$(CARGO) test --release --workspace
 
-test: lint test-unit
+test: lint test-unit $(TEST_TARGETS)
+	@echo "make test: all suites passed"
 
-bench: build
-	scripts/bench.sh
+bench: build $(BENCH_TARGETS)
 
 clean:
 	$(CARGO) clean
