@@ -7,6 +7,7 @@ export CARGO_TERM_COLOR ?= never
 # TEST_TARGETS (run by `make test`) and BENCH_TARGETS (run by `make bench`).
 TEST_TARGETS :=
 BENCH_TARGETS :=
+.DEFAULT_GOAL := all
 -include mk/*.mk
 
 .PHONY: all deps build run test test-unit test-kvm lint bench clean
