@@ -1,14 +1,21 @@
-pub fn add(left: u64, right: u64) -> u64 {
-    left + right
-}
+//! densevm's emulated devices and the buses that route guest port and MMIO accesses to
+//! them. Devices see nothing of KVM or the VMM core: they answer accesses and may return a
+//! [`GuestRequest`] that the VMM acts on (stop the VM, record a trace mark, ...).
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+pub mod bus;
+pub mod legacy;
 
-    #[test]
-    fn it_works() {
-        let result = add(2, 2);
-        assert_eq!(result, 4);
-    }
+pub use bus::{Bus, BusDevice, BusError};
+
+/// Something a guest access asks of the VMM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GuestRequest {
+    /// The guest asked to end the VM with this process exit code (debug-exit port).
+    Exit(u8),
+    /// The guest asked for a reset (i8042 0xfe); densevm ends the VM.
+    Reset,
+    /// The guest recorded a boot trace mark.
+    TraceMark(u8),
+    /// The probe guest hit a CPU exception with this vector.
+    GuestFault(u8),
 }
