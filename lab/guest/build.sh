@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# `make guest`: builds the L2 guest artifacts under build/guest/ from Debian packages.
+#   build/guest/vmlinuz         bzImage of the newest linux-image-6.1.0-N-amd64
+#   build/guest/vmlinux         ELF vmlinux extracted by `densevm kernel extract`
+#   build/guest/initrd.cpio.gz  busybox-static init + virtio/pmem/9p modules
+#   build/guest/kernel-release  e.g. 6.1.0-56-amd64; kernel-package: package=version
+# Idempotent: each step runs only when its output is missing or older than its inputs.
+# Env: DENSEVM (densevm binary, default target/release/densevm),
+#      GUEST_KERNEL_PKG (force a package name, e.g. linux-image-6.1.0-56-amd64).
+set -euo pipefail
+source "$(dirname "$0")/../lib/common.sh"
+DENSEVM="${DENSEVM:-$LAB_ROOT/target/release/densevm}"
+here="$LAB_ROOT/lab/guest"
+mkdir -p "$GUEST_DIR"
+cd "$GUEST_DIR"
+
+# 1. The kernel package (downloaded once; delete build/guest to pick a newer one).
+if [ ! -s kernel-package ] || [ ! -d pkg/boot ]; then
+  pkg="${GUEST_KERNEL_PKG:-}"
+  find_pkg() {
+    apt-cache search --names-only '^linux-image-6\.1\.0-[0-9]+-amd64$' | awk '{print $1}' | sort -V | tail -n1
+  }
+  if [ -z "$pkg" ]; then
+    pkg="$(find_pkg)"
+    if [ -z "$pkg" ]; then
+      log "apt-get update (no linux-image-6.1.0-N-amd64 in the apt lists)"
+      SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+      $SUDO apt-get update -qq
+      pkg="$(find_pkg)"
+    fi
+  fi
+  [ -n "$pkg" ] || die "apt knows no linux-image-6.1.0-N-amd64 package; check /etc/apt/sources.list (Debian 12 bookworm main)"
+  log "downloading $pkg"
+  rm -rf deb pkg && mkdir -p deb
+  (cd deb && apt-get download -q "$pkg" 2>&1 | grep -v '^W: Download is performed unsandboxed' >&2) || true
+  debfile="$(ls deb/"${pkg}"_*.deb 2>/dev/null | head -n1)"
+  [ -n "$debfile" ] || die "apt-get download $pkg produced no .deb"
+  dpkg -x "$debfile" pkg.tmp && mv pkg.tmp pkg
+  release="${pkg#linux-image-}"
+  [ -d "pkg/lib/modules/$release" ] || die "$debfile has no lib/modules/$release"
+  depmod -b pkg "$release"
+  echo "$release" > kernel-release
+  echo "$pkg=$(dpkg-deb -f "$debfile" Version)" > kernel-package
+fi
+release="$(cat kernel-release)"
+moddir="pkg/lib/modules/$release"
+
+# 2. bzImage.
+if [ ! -s vmlinuz ] || [ "pkg/boot/vmlinuz-$release" -nt vmlinuz ]; then
+  cp "pkg/boot/vmlinuz-$release" vmlinuz.tmp && mv vmlinuz.tmp vmlinuz
+fi
+
+# 3. initrd: busybox-static + init + modules.
+newer() { # newer OUT IN... : true when OUT is missing or older than any IN
+  local out="$1"; shift
+  [ -e "$out" ] || return 0
+  local f; for f in "$@"; do [ "$f" -nt "$out" ] && return 0; done
+  return 1
+}
+if newer initrd.cpio.gz "$here/init" "$here/modules.txt" /bin/busybox kernel-release "$0"; then
+  log "building initrd.cpio.gz"
+  file -L /bin/busybox | grep -q 'statically linked' || die "/bin/busybox is not static; apt-get install busybox-static"
+  rm -rf initrd-root && mkdir -p initrd-root/{bin,sbin,proc,sys,dev,tmp,run,etc,root}
+  cp /bin/busybox initrd-root/bin/busybox
+  ln -s busybox initrd-root/bin/sh
+  cp "$here/init" initrd-root/init && chmod 755 initrd-root/init
+  wanted="$(sed 's/#.*//' "$here/modules.txt" | xargs)"
+  for m in $(resolve_modules "$moddir" $wanted); do
+    mkdir -p "initrd-root/lib/modules/$release/$(dirname "$m")"
+    cp "$moddir/$m" "initrd-root/lib/modules/$release/$m"
+  done
+  cp "$moddir"/modules.{order,builtin,builtin.modinfo} "initrd-root/lib/modules/$release/"
+  depmod -b initrd-root "$release"
+  echo "$wanted" | tr ' ' ',' > initrd-root/lib/modules/wanted
+  (cd initrd-root && find . -print0 | LC_ALL=C sort -z | cpio --null -o -H newc --quiet -R 0:0) | gzip -6 > initrd.cpio.gz.tmp
+  mv initrd.cpio.gz.tmp initrd.cpio.gz
+fi
+
+# 4. vmlinux, extracted by densevm itself.
+if newer vmlinux vmlinuz; then
+  [ -x "$DENSEVM" ] || die "missing $DENSEVM; run 'make build' first"
+  log "extracting vmlinux with densevm kernel extract"
+  "$DENSEVM" kernel extract vmlinuz -o vmlinux.tmp
+  mv vmlinux.tmp vmlinux
+fi
+log "guest ready in $GUEST_DIR: $(cat kernel-package), vmlinuz $(stat -c %s vmlinuz) B, vmlinux $(stat -c %s vmlinux) B, initrd $(stat -c %s initrd.cpio.gz) B"
