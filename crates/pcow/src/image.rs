@@ -444,13 +444,14 @@ impl Image {
         Ok(self.tail..end_slot)
     }
 
-    /// Frees `slot`: punches its data, flushes, then writes a `Free` entry (not flushed).
+    /// Frees `slot`: writes a `Free` entry, flushes, then punches the data (a free slot's
+    /// data is never trusted to be zero; see `take_slot`).
     pub(crate) fn free_slot(&mut self, slot: u64) -> Result<()> {
-        self.storage
-            .punch_hole(self.geo.data_offset(slot), self.geo.cluster_size())?;
-        self.storage.flush()?;
         let zero = vec![0u64; self.geo.bitmap_words()];
         self.write_entry(slot, EntryKind::Free, 0, 0, &zero)?;
+        self.storage.flush()?;
+        self.storage
+            .punch_hole(self.geo.data_offset(slot), self.geo.cluster_size())?;
         self.free.insert(slot);
         Ok(())
     }

@@ -25,4 +25,4 @@ pub use format::{EntryKind, Geometry, UNIT_SIZE};
 pub use image::{Image, Problem, SnapshotInfo};
 pub use ops::{create_file, new_header, CreateOptions};
 pub use shared::SharedChain;
-pub use storage::{FileStorage, MemStorage, RecordingStorage, Storage};
+pub use storage::{FileStorage, MemStorage, Op, Recorder, RecordingStorage, Storage};

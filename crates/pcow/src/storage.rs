@@ -333,47 +333,69 @@ pub enum Op {
     Punch(u64, u64),
 }
 
-/// Wraps a [`MemStorage`] and records every operation, so that tests can rebuild the file
-/// as it would be after a crash at any point.
-#[derive(Clone, Debug)]
-pub struct RecordingStorage {
-    mem: MemStorage,
-    initial: MemStorage,
-    log: Arc<Mutex<Vec<Op>>>,
+/// A shared, ordered log of storage operations on several files, for crash injection.
+#[derive(Clone, Debug, Default)]
+pub struct Recorder {
+    log: Arc<Mutex<Vec<(usize, Op)>>>,
 }
 
-impl RecordingStorage {
-    /// Starts recording on top of `mem`'s current contents.
-    pub fn new(mem: MemStorage) -> Self {
+impl Recorder {
+    /// A new, empty log.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Starts recording operations on `mem` (as file `id`) from its current contents.
+    pub fn wrap(&self, id: usize, mem: MemStorage) -> RecordingStorage {
         RecordingStorage {
             initial: mem.deep_clone(),
             mem,
-            log: Arc::default(),
+            id,
+            log: self.log.clone(),
         }
     }
-    /// Number of operations recorded so far.
+    /// Number of operations recorded so far (over all files).
     pub fn op_count(&self) -> usize {
         self.log.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
     /// A copy of the log.
-    pub fn ops(&self) -> Vec<Op> {
+    pub fn ops(&self) -> Vec<(usize, Op)> {
         self.log.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
-    /// The file as it is after the first `n` operations, with `torn` bytes of operation `n`
-    /// (a write) applied as well when given.
+}
+
+/// Wraps a [`MemStorage`] and records every operation in a [`Recorder`], so that tests can
+/// rebuild the file as it would be after a crash at any point.
+#[derive(Clone, Debug)]
+pub struct RecordingStorage {
+    mem: MemStorage,
+    initial: MemStorage,
+    id: usize,
+    log: Arc<Mutex<Vec<(usize, Op)>>>,
+}
+
+impl RecordingStorage {
+    /// This file as it is after the first `n` operations of the log (over all files), plus
+    /// the first `torn` bytes of operation `n` when it is a write to this file.
     pub fn replay(&self, n: usize, torn: Option<usize>) -> MemStorage {
         let out = self.initial.deep_clone();
-        let ops = self.ops();
-        for op in &ops[..n] {
-            apply(&out, op, None);
+        let ops = self.log.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        for (id, op) in &ops[..n.min(ops.len())] {
+            if *id == self.id {
+                apply(&out, op, None);
+            }
         }
-        if let (Some(t), Some(op)) = (torn, ops.get(n)) {
-            apply(&out, op, Some(t));
+        if let (Some(t), Some((id, op))) = (torn, ops.get(n)) {
+            if *id == self.id {
+                apply(&out, op, Some(t));
+            }
         }
         out
     }
     fn push(&self, op: Op) {
-        self.log.lock().unwrap_or_else(|p| p.into_inner()).push(op);
+        self.log
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((self.id, op));
     }
 }
 

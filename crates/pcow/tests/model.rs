@@ -58,7 +58,7 @@ fn run(ops: Vec<Op>) {
     };
     {
         // Give the base some content so copy-on-write and discard tombstones matter.
-        let mut b = open_chain(&[base.clone()]).unwrap();
+        let mut b = open_chain(std::slice::from_ref(&base)).unwrap();
         let data = pattern(7, (SIZE / 2) as usize);
         b.write(CS / 2, &data).unwrap();
         b.flush().unwrap();
