@@ -13,7 +13,8 @@ fn run(cmd: &mut Command) {
 
 fn main() {
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
-    let guest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("manifest dir")).join("guest");
+    let guest =
+        PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("manifest dir")).join("guest");
     for f in ["abi.h", "start.S", "probe.c", "probe.ld"] {
         println!("cargo:rerun-if-changed=guest/{f}");
     }

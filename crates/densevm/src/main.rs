@@ -30,7 +30,15 @@ enum Command {
     Kernel(cmd::kernel::KernelArgs),
 }
 
+static PROCESS_START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+
+/// The instant `main` started: the origin of the boot trace.
+pub fn process_start() -> std::time::Instant {
+    *PROCESS_START.get_or_init(std::time::Instant::now)
+}
+
 fn main() {
+    process_start();
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(

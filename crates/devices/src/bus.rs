@@ -48,7 +48,9 @@ impl Bus {
         if len == 0 {
             return Err(BusError::Empty(base));
         }
-        let end = base.checked_add(len).ok_or(BusError::Overlap { base, len })?;
+        let end = base
+            .checked_add(len)
+            .ok_or(BusError::Overlap { base, len })?;
         let overlaps_prev = self
             .ranges
             .range(..end)
@@ -107,11 +109,16 @@ mod tests {
     #[test]
     fn dispatch_and_overlap() {
         let mut bus = Bus::new();
-        bus.insert(Arc::new(Mutex::new(Echo(10))), 0x100, 8).unwrap();
-        bus.insert(Arc::new(Mutex::new(Echo(20))), 0x108, 8).unwrap();
+        bus.insert(Arc::new(Mutex::new(Echo(10))), 0x100, 8)
+            .unwrap();
+        bus.insert(Arc::new(Mutex::new(Echo(20))), 0x108, 8)
+            .unwrap();
         assert_eq!(
             bus.insert(Arc::new(Mutex::new(Echo(0))), 0x104, 2),
-            Err(BusError::Overlap { base: 0x104, len: 2 })
+            Err(BusError::Overlap {
+                base: 0x104,
+                len: 2
+            })
         );
         assert_eq!(
             bus.insert(Arc::new(Mutex::new(Echo(0))), 0xfc, 8),
@@ -124,7 +131,10 @@ mod tests {
         assert_eq!(b[0], 20);
         assert!(!bus.read(0x110, &mut b));
         assert!(!bus.read(0xff, &mut b));
-        assert_eq!(bus.write(0x109, &[5]), Some(Some(GuestRequest::TraceMark(5))));
+        assert_eq!(
+            bus.write(0x109, &[5]),
+            Some(Some(GuestRequest::TraceMark(5)))
+        );
         assert_eq!(bus.write(0x200, &[5]), None);
     }
 }

@@ -27,9 +27,10 @@
 #define OP_EXIT   5  /* a = exit code */
 #define OP_MARK   6  /* a = mark id */
 #define OP_CRASH  7  /* a = crash kind */
+#define OP_RESET  8  /* i8042 reset: 0xfe to port 0x64 */
 
 #define CRASH_TRIPLE_FAULT 1  /* load an empty IDT and raise #UD */
-#define CRASH_MMIO_EXEC    2  /* jump into unbacked guest-physical memory */
+#define CRASH_MMIO_EXEC    2  /* jump to the end of `ram`: mapped, but no memory behind it */
 #define CRASH_INT3         3  /* int3 without a handler: PVM rejects it at CPL0 */
 
 #define MB_OP_IDLE  0

@@ -1,6 +1,11 @@
 /* densevm probe guest: a freestanding workload runner for VMM tests.
  * It reads the command block the VMM prepared (abi.h), runs each command, reports
  * results on the serial port and ends by writing the exit code to the debug-exit port.
+ * It runs in guest kernel mode. Under PVM-style KVM (this project's test hosts) guest
+ * kernel-mode code of a non-PVM guest is emulated, so each memory access costs
+ * microseconds there; user mode would run natively but PVM does not deliver `int N`
+ * or a plain `syscall` back to a non-PVM guest kernel. Timings from PVM hosts are for
+ * ratios within one run only.
  * Only plain integer instructions are used: PVM's emulator rejects some (cmpxchg16b,
  * xrstor, int3) at CPL0, and the VMM does not enable SSE state for the probe. */
 #include "abi.h"
@@ -126,12 +131,12 @@ static void report_op(const char *verb, const char *region, u64 off, u64 len) {
     put_size(off); puts_raw(" "); put_size(len);
 }
 
-static void crash(u64 kind) {
+static void crash(u64 kind, u64 unbacked) {
     if (kind == CRASH_TRIPLE_FAULT) {
         struct { unsigned short limit; u64 base; } __attribute__((packed)) d = { 0, 0 };
         __asm__ volatile("lidt %0; ud2" :: "m"(d));
     } else if (kind == CRASH_MMIO_EXEC) {
-        void (*f)(void) = (void (*)(void))0xd0000000UL;
+        void (*f)(void) = (void (*)(void))unbacked;
         f();
     } else if (kind == CRASH_INT3) {
         __asm__ volatile("int3");
@@ -182,8 +187,12 @@ void probe_main(u64 cpu, struct probe_block *blk) {
             outb(PORT_TRACE_MARK, (u8)c->a);
             break;
         case OP_CRASH:
-            crash(c->a);
+            crash(c->a, blk->regions[0].gpa + blk->regions[0].size);
             break;
+        case OP_RESET:
+            outb(PORT_TRACE_MARK, MARK_PROBE_DONE);
+            outb(0x64, 0xfe);
+            return;
         case OP_EXIT:
             outb(PORT_TRACE_MARK, MARK_PROBE_DONE);
             mb->op = MB_OP_QUIT; atomic_inc(&mb->gen);

@@ -15,9 +15,17 @@ _start:
 
 /* Exception stubs: report the vector on the fault port (the VMM ends the VM with an
  * error naming it), then stop. */
+/* Stubs report the vector in %al, the faulting RIP in %rbx and CR2 in %rcx (the
+ * VMM reads them from the vCPU registers). Vectors 8, 10-14, 17 and 21 push an error
+ * code, so their RIP sits one slot higher on the stack. */
     .macro EXC n
     .globl exc_\n
 exc_\n:
+    .if (\n == 8) || ((\n >= 10) && (\n <= 14)) || (\n == 17) || (\n == 21)
+    mov 8(%rsp), %rbx
+    .else
+    mov (%rsp), %rbx
+    .endif
     mov $\n, %al
     jmp exc_common
     .endm
@@ -45,6 +53,7 @@ exc_\n:
     EXC 20
     EXC 21
 exc_common:
+    mov %cr2, %rcx
     mov $PORT_PROBE_FAULT, %dx
     outb %al, %dx
 2:  cli

@@ -46,6 +46,9 @@ pub const OP_MARK: u32 = 6;
 /// Opcode: crash deliberately (tests of the VMM's exit handling).
 pub const OP_CRASH: u32 = 7;
 
+/// Opcode: ask for a reset through the i8042 controller.
+pub const OP_RESET: u32 = 8;
+
 /// Crash kind: empty IDT then `ud2`, a triple fault.
 pub const CRASH_TRIPLE_FAULT: u64 = 1;
 /// Crash kind: execute from guest-physical memory with no memory behind it.
@@ -104,12 +107,17 @@ mod tests {
             ("OP_EXIT", OP_EXIT.into()),
             ("OP_MARK", OP_MARK.into()),
             ("OP_CRASH", OP_CRASH.into()),
+            ("OP_RESET", OP_RESET.into()),
             ("CRASH_TRIPLE_FAULT", CRASH_TRIPLE_FAULT),
             ("CRASH_MMIO_EXEC", CRASH_MMIO_EXEC),
             ("CRASH_INT3", CRASH_INT3),
         ];
         for (name, value) in pairs {
-            assert_eq!(header_value(name), *value, "{name} differs between abi.h and abi.rs");
+            assert_eq!(
+                header_value(name),
+                *value,
+                "{name} differs between abi.h and abi.rs"
+            );
         }
     }
 }

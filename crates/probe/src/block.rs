@@ -29,7 +29,9 @@ pub enum BlockError {
         known: String,
     },
     /// A range does not fit inside its region.
-    #[error("command {index}: range {offset:#x}+{len:#x} is outside region `{name}` of size {size:#x}")]
+    #[error(
+        "command {index}: range {offset:#x}+{len:#x} is outside region `{name}` of size {size:#x}"
+    )]
     OutOfRange {
         /// 1-based command index.
         index: usize,
@@ -109,7 +111,11 @@ pub fn encode_block(
                 .ok_or_else(|| BlockError::UnknownRegion {
                     index,
                     name: range.region.clone(),
-                    known: regions.iter().map(|r| r.name.as_str()).collect::<Vec<_>>().join(", "),
+                    known: regions
+                        .iter()
+                        .map(|r| r.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", "),
                 })?;
             match range.offset.checked_add(range.len) {
                 Some(end) if end <= region.size => Ok((slot as u32, range.offset, range.len)),
@@ -141,6 +147,7 @@ pub fn encode_block(
             }
             Command::Mark(id) => (abi::OP_MARK, 0, u64::from(*id), 0, 0),
             Command::Exit(code) => (abi::OP_EXIT, 0, u64::from(*code), 0, 0),
+            Command::Reset => (abi::OP_RESET, 0, 0, 0, 0),
             Command::Crash(kind) => {
                 let k = match kind {
                     CrashKind::TripleFault => abi::CRASH_TRIPLE_FAULT,
@@ -178,12 +185,22 @@ mod tests {
         let block = encode_block(&cmds, &ram(), 2, 1000).unwrap();
         assert_eq!(&block[0..4], &abi::MAGIC.to_le_bytes());
         assert_eq!(u32::from_le_bytes(block[8..12].try_into().unwrap()), 2);
-        let n = u32::from_le_bytes(block[abi::COMMANDS_OFFSET..abi::COMMANDS_OFFSET + 4].try_into().unwrap());
+        let n = u32::from_le_bytes(
+            block[abi::COMMANDS_OFFSET..abi::COMMANDS_OFFSET + 4]
+                .try_into()
+                .unwrap(),
+        );
         assert_eq!(n, 3);
         let sum = &block[abi::COMMANDS_OFFSET + 8 + abi::COMMAND_SIZE..];
-        assert_eq!(u32::from_le_bytes(sum[0..4].try_into().unwrap()), abi::OP_SUM);
+        assert_eq!(
+            u32::from_le_bytes(sum[0..4].try_into().unwrap()),
+            abi::OP_SUM
+        );
         assert_eq!(u64::from_le_bytes(sum[8..16].try_into().unwrap()), 4096);
-        assert_eq!(block.len(), abi::COMMANDS_OFFSET + 8 + 3 * abi::COMMAND_SIZE);
+        assert_eq!(
+            block.len(),
+            abi::COMMANDS_OFFSET + 8 + 3 * abi::COMMAND_SIZE
+        );
     }
 
     #[test]
@@ -192,8 +209,14 @@ mod tests {
         let err = encode_block(&cmds, &ram(), 1, 0).unwrap_err();
         assert!(err.to_string().contains("no region named `pmem0`"), "{err}");
         let cmds = parse_script("touch 17M").unwrap();
-        assert!(matches!(encode_block(&cmds, &ram(), 1, 0), Err(BlockError::OutOfRange { .. })));
+        assert!(matches!(
+            encode_block(&cmds, &ram(), 1, 0),
+            Err(BlockError::OutOfRange { .. })
+        ));
         let cmds = parse_script("sum ram 0xffffffffffffffff 2").unwrap();
-        assert!(matches!(encode_block(&cmds, &ram(), 1, 0), Err(BlockError::OutOfRange { .. })));
+        assert!(matches!(
+            encode_block(&cmds, &ram(), 1, 0),
+            Err(BlockError::OutOfRange { .. })
+        ));
     }
 }

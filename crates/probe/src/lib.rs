@@ -8,7 +8,9 @@ pub mod block;
 pub mod script;
 
 pub use block::{encode_block, BlockError, Region};
-pub use script::{parse_script, parse_size, probe_checksum, Command, CrashKind, Range, ScriptError};
+pub use script::{
+    parse_script, parse_size, probe_checksum, Command, CrashKind, Range, ScriptError,
+};
 
 /// The flat probe image, linked to run at [`abi::LOAD_ADDR`].
 pub static PROBE_IMAGE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/probe.bin"));

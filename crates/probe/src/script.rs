@@ -54,6 +54,8 @@ pub enum Command {
     Crash(CrashKind),
     /// End the VM; the VMM exits with this code.
     Exit(u8),
+    /// Ask for a reset through the i8042 controller (densevm ends the VM, exit code 0).
+    Reset,
 }
 
 /// Parses a size or offset: decimal, `0x` hex, or with a K/M/G (binary) suffix.
@@ -125,6 +127,10 @@ fn parse_command(text: &str) -> Result<Command, String> {
             [code] => Ok(Command::Exit(parse_byte(code)?)),
             _ => Err("usage: exit CODE".into()),
         },
+        "reset" => match args {
+            [] => Ok(Command::Reset),
+            _ => Err("usage: reset".into()),
+        },
         "crash" => match args {
             ["triple-fault"] => Ok(Command::Crash(CrashKind::TripleFault)),
             ["mmio-exec"] => Ok(Command::Crash(CrashKind::MmioExec)),
@@ -132,7 +138,7 @@ fn parse_command(text: &str) -> Result<Command, String> {
             _ => Err("usage: crash triple-fault|mmio-exec|int3".into()),
         },
         other => Err(format!(
-            "unknown command `{other}` (known: touch, read, write, sum, mark, crash, exit)"
+            "unknown command `{other}` (known: touch, read, write, sum, mark, crash, reset, exit)"
         )),
     }
 }
@@ -212,7 +218,13 @@ mod tests {
 
     #[test]
     fn checksum_pads_the_tail() {
-        assert_ne!(probe_checksum(&[1, 2, 3]), probe_checksum(&[1, 2, 3, 0, 0, 0, 0, 0, 9]));
-        assert_eq!(probe_checksum(&[1, 2, 3]), probe_checksum(&[1, 2, 3, 0, 0, 0, 0, 0]));
+        assert_ne!(
+            probe_checksum(&[1, 2, 3]),
+            probe_checksum(&[1, 2, 3, 0, 0, 0, 0, 0, 9])
+        );
+        assert_eq!(
+            probe_checksum(&[1, 2, 3]),
+            probe_checksum(&[1, 2, 3, 0, 0, 0, 0, 0])
+        );
     }
 }

@@ -1,14 +1,12 @@
-pub fn add(left: u64, right: u64) -> u64 {
-    left + right
-}
+//! densevm's VMM core: KVM VM and vCPU state, guest memory layout, payload loading,
+//! the run loop, boot trace points and memory accounting.
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+pub mod arch;
+pub mod boot;
+pub mod memory;
+pub mod report;
+pub mod trace;
+pub mod vmm;
+pub mod vstate;
 
-    #[test]
-    fn it_works() {
-        let result = add(2, 2);
-        assert_eq!(result, 4);
-    }
-}
+pub use vmm::{run_vm, Payload, RunOutcome, VmConfig, VmEnd, VmmError};

@@ -1,12 +1,168 @@
 //! `densevm run`: build a VM from the command line and run it.
 
+use crate::output::print_json;
+use anyhow::{bail, Context};
 use clap::Args;
+use densevm_vmm::report::MemoryReport;
+use densevm_vmm::{run_vm, Payload, RunOutcome, VmConfig, VmEnd};
+use serde_json::{json, Map, Value};
+use std::time::{Duration, Instant};
+
+/// The script `--probe` runs when given no script: an idle guest that exits at once.
+pub const DEFAULT_PROBE_SCRIPT: &str = "exit 0";
 
 /// Arguments of `densevm run`.
 #[derive(Args, Debug)]
-pub struct RunArgs {}
+pub struct RunArgs {
+    /// Guest memory size (e.g. 128M, 2G).
+    #[arg(long, short = 'm', default_value = "128M", value_parser = parse_memory)]
+    pub memory: u64,
+    /// Number of vCPUs, each on its own host thread.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=254))]
+    pub cpus: u32,
+    /// Run the built-in probe guest with this `;`-separated script
+    /// (touch SIZE | touch/read/sum REGION OFF LEN | write REGION OFF LEN BYTE | mark ID |
+    /// crash triple-fault|mmio-exec|int3 | reset | exit CODE). Without a script: `exit 0`.
+    #[arg(long, num_args = 0..=1, default_missing_value = DEFAULT_PROBE_SCRIPT, value_name = "SCRIPT")]
+    pub probe: Option<String>,
+    /// Print the boot trace points as a table (on stderr) when the VM ends.
+    #[arg(long)]
+    pub trace: bool,
+    /// Print the VMM's memory report (RSS/USS/PSS, on stderr) when the VM ends.
+    #[arg(long)]
+    pub report: bool,
+    /// Write the memory report and trace as one JSON object to FILE (`-` for stdout).
+    #[arg(long, value_name = "FILE")]
+    pub report_json: Option<String>,
+    /// Print the run summary as JSON on stdout; guest console output goes to stderr.
+    #[arg(long)]
+    pub json: bool,
+    /// Stop the VM with an error (exit code 124) after this many seconds.
+    #[arg(long, value_name = "SECS")]
+    pub timeout: Option<f64>,
+}
+
+/// Parses `--memory`: a size with an optional K/M/G suffix, at least 1 MiB, 4 KiB aligned.
+pub fn parse_memory(text: &str) -> Result<u64, String> {
+    let bytes = densevm_probe::parse_size(text)
+        .map_err(|e| format!("{e}; give the guest memory size like 256M or 2G"))?;
+    if bytes < (1 << 20) {
+        return Err(format!(
+            "{bytes} bytes is too small; guest memory must be at least 1M"
+        ));
+    }
+    if bytes % 4096 != 0 {
+        return Err(format!("{bytes} bytes is not a multiple of 4K"));
+    }
+    if bytes > (1 << 40) {
+        return Err("more than 1T of guest memory is not supported".into());
+    }
+    Ok(bytes)
+}
+
+fn summary(args: &RunArgs, outcome: &RunOutcome) -> Value {
+    let mut trace = Map::new();
+    for p in outcome.trace.points() {
+        trace.insert(p.name, json!((p.ms * 1000.0).round() / 1000.0));
+    }
+    let mut obj = json!({
+        "exit_code": outcome.end.exit_code(),
+        "end": outcome.end.to_string(),
+        "error": outcome.end.is_error(),
+        "memory_bytes": args.memory,
+        "cpus": args.cpus,
+        "trace_ms": trace,
+    });
+    if let Some(m) = &outcome.memory {
+        let o = obj.as_object_mut().expect("object");
+        o.insert("rss_kib".into(), json!(m.process.rss_kib));
+        o.insert("uss_kib".into(), json!(m.process.uss_kib));
+        o.insert("pss_kib".into(), json!(m.process.pss_kib));
+        o.insert("guest".into(), json!(m.guest));
+        o.insert("vmm_overhead".into(), json!(m.vmm_overhead));
+        o.insert(
+            "regions".into(),
+            json!(m
+                .regions
+                .iter()
+                .map(|(n, f)| json!({"name": n, "figures": f}))
+                .collect::<Vec<_>>()),
+        );
+    }
+    obj
+}
+
+fn print_report(m: &MemoryReport) {
+    eprintln!(
+        "{:<22} {:>10} {:>10} {:>10}",
+        "memory (KiB)", "RSS", "USS", "PSS"
+    );
+    let row = |name: &str, f: &densevm_vmm::report::MemFigures| {
+        eprintln!(
+            "{:<22} {:>10} {:>10} {:>10}",
+            name, f.rss_kib, f.uss_kib, f.pss_kib
+        )
+    };
+    row("VMM process", &m.process);
+    row("  guest memory", &m.guest);
+    row("  VMM overhead", &m.vmm_overhead);
+    for (name, f) in &m.regions {
+        row(&format!("  region {name}"), f);
+    }
+}
 
 /// Runs the VM; returns the guest-requested exit code.
-pub fn main(_args: RunArgs) -> anyhow::Result<i32> {
-    anyhow::bail!("not implemented yet")
+pub fn main(args: RunArgs) -> anyhow::Result<i32> {
+    let origin = crate::process_start();
+    let Some(script_text) = &args.probe else {
+        bail!("nothing to run: give --probe [SCRIPT] (Linux guests: --kernel, coming with the Linux boot path)");
+    };
+    let script = densevm_probe::parse_script(script_text).context("invalid --probe script")?;
+    let console: Box<dyn std::io::Write + Send> = if args.json {
+        Box::new(std::io::stderr())
+    } else {
+        Box::new(std::io::stdout())
+    };
+    let timeout = match args.timeout {
+        Some(s) if !(s > 0.0 && s.is_finite()) => {
+            bail!("--timeout must be a positive number of seconds")
+        }
+        Some(s) => Some(Duration::from_secs_f64(s)),
+        None => None,
+    };
+    let config = VmConfig {
+        memory_bytes: args.memory,
+        cpus: args.cpus,
+        payload: Payload::Probe(script),
+        console,
+        timeout,
+        origin,
+        report_memory: args.report || args.report_json.is_some() || args.json,
+    };
+    let started = Instant::now();
+    let outcome = run_vm(config).context("could not start the VM")?;
+    tracing::debug!("VM ran for {:?}", started.elapsed());
+    if args.trace {
+        eprint!("{}", outcome.trace.table());
+    }
+    if args.report {
+        match &outcome.memory {
+            Some(m) => print_report(m),
+            None => eprintln!("densevm: memory report unavailable (cannot read /proc/self/smaps)"),
+        }
+    }
+    let doc = summary(&args, &outcome);
+    match args.report_json.as_deref() {
+        Some("-") => print_json(&doc)?,
+        Some(path) => std::fs::write(path, serde_json::to_string_pretty(&doc)? + "\n")
+            .with_context(|| format!("cannot write the JSON report to {path}"))?,
+        None => {}
+    }
+    if args.json && args.report_json.as_deref() != Some("-") {
+        print_json(&doc)?;
+    }
+    if let VmEnd::Failed { .. } | VmEnd::TimedOut(_) = outcome.end {
+        eprintln!("densevm: error: {}", outcome.end);
+    }
+    Ok(outcome.end.exit_code())
 }

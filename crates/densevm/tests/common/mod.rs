@@ -1,0 +1,43 @@
+//! Helpers shared by the CLI integration tests.
+
+#![allow(dead_code)]
+
+use std::process::{Command, Output};
+
+/// Path of the densevm binary under test.
+pub fn densevm() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_densevm"))
+}
+
+/// Fails (never skips) when /dev/kvm is unusable, saying what is missing.
+pub fn require_kvm() {
+    match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm")
+    {
+        Ok(_) => {}
+        Err(e) => panic!(
+            "this test needs a usable /dev/kvm ({e}); load the kvm module (kvm_intel, kvm_amd or \
+             kvm_pvm) and run as a user with access to /dev/kvm"
+        ),
+    }
+}
+
+/// Runs `densevm run` with a timeout guard and returns its output.
+pub fn run_probe(args: &[&str]) -> Output {
+    require_kvm();
+    let mut cmd = densevm();
+    cmd.arg("run").arg("--timeout").arg("120").args(args);
+    cmd.output().expect("densevm binary runs")
+}
+
+/// Stdout as text.
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Stderr as text.
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}

@@ -1,0 +1,173 @@
+//! Guest-physical memory: named regions, how each is backed on the host, and their
+//! registration as KVM memory slots.
+
+use std::fs::File;
+use std::sync::Arc;
+use thiserror::Error;
+use vm_memory::mmap::MmapRegionBuilder;
+use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap, GuestRegionMmap};
+
+/// How a region's host memory is provided.
+#[derive(Debug)]
+pub enum Backing {
+    /// Private anonymous memory (zero-filled on first touch, never reserved up front).
+    Anonymous,
+    /// A `MAP_PRIVATE` mapping of a file: pages the guest only reads stay shared with
+    /// every other mapping of the same file in the host page cache.
+    FilePrivate {
+        /// The file to map.
+        file: Arc<File>,
+        /// Byte offset of the region in the file (page aligned).
+        offset: u64,
+    },
+}
+
+/// One guest-physical region to create.
+#[derive(Debug)]
+pub struct RegionSpec {
+    /// Name shown in reports and used by the probe (`ram`, `kernel.text`, `pmem0`, ...).
+    pub name: String,
+    /// Guest-physical start (page aligned).
+    pub gpa: u64,
+    /// Size in bytes (page aligned).
+    pub size: u64,
+    /// Host backing.
+    pub backing: Backing,
+}
+
+/// A created region: where it lives in the guest and in the VMM.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegionInfo {
+    /// Region name.
+    pub name: String,
+    /// Guest-physical start.
+    pub gpa: u64,
+    /// Size in bytes.
+    pub size: u64,
+    /// Host virtual address of the mapping.
+    pub host_addr: u64,
+    /// Whether it maps a file.
+    pub file_backed: bool,
+}
+
+/// Failure to set up guest memory.
+#[derive(Debug, Error)]
+pub enum MemoryError {
+    /// A region is not page aligned or is empty.
+    #[error("guest region `{name}` at {gpa:#x}+{size:#x} is empty or not 4 KiB aligned")]
+    Unaligned {
+        /// Region name.
+        name: String,
+        /// Start.
+        gpa: u64,
+        /// Size.
+        size: u64,
+    },
+    /// Two regions overlap.
+    #[error("guest regions `{0}` and `{1}` overlap")]
+    Overlap(String, String),
+    /// The host mapping failed.
+    #[error("cannot map guest region `{name}` ({size} bytes): {source}")]
+    Map {
+        /// Region name.
+        name: String,
+        /// Size.
+        size: u64,
+        /// Cause.
+        source: vm_memory::mmap::MmapRegionError,
+    },
+    /// vm-memory rejected the region set.
+    #[error("invalid guest memory layout: {0}")]
+    Layout(String),
+}
+
+/// The guest's memory: the vm-memory view devices and loaders use, plus region metadata.
+pub struct GuestMemory {
+    mem: GuestMemoryMmap,
+    regions: Vec<RegionInfo>,
+}
+
+const PAGE: u64 = 4096;
+
+impl GuestMemory {
+    /// Maps every region. Regions are sorted by address and must not overlap.
+    pub fn new(mut specs: Vec<RegionSpec>) -> Result<Self, MemoryError> {
+        specs.sort_by_key(|s| s.gpa);
+        for s in &specs {
+            if s.size == 0 || s.gpa % PAGE != 0 || s.size % PAGE != 0 {
+                return Err(MemoryError::Unaligned {
+                    name: s.name.clone(),
+                    gpa: s.gpa,
+                    size: s.size,
+                });
+            }
+        }
+        for w in specs.windows(2) {
+            if w[0].gpa + w[0].size > w[1].gpa {
+                return Err(MemoryError::Overlap(w[0].name.clone(), w[1].name.clone()));
+            }
+        }
+        let mut regions = Vec::with_capacity(specs.len());
+        let mut infos = Vec::with_capacity(specs.len());
+        for spec in specs {
+            let builder = MmapRegionBuilder::new(spec.size as usize)
+                .with_mmap_prot(libc::PROT_READ | libc::PROT_WRITE);
+            let (builder, file_backed) = match &spec.backing {
+                Backing::Anonymous => (
+                    builder.with_mmap_flags(
+                        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                    ),
+                    false,
+                ),
+                Backing::FilePrivate { file, offset } => (
+                    builder
+                        .with_mmap_flags(libc::MAP_PRIVATE | libc::MAP_NORESERVE)
+                        .with_file_offset(FileOffset::from_arc(file.clone(), *offset)),
+                    true,
+                ),
+            };
+            let mapping = builder.build().map_err(|source| MemoryError::Map {
+                name: spec.name.clone(),
+                size: spec.size,
+                source,
+            })?;
+            let host_addr = mapping.as_ptr() as u64;
+            let region = GuestRegionMmap::new(mapping, GuestAddress(spec.gpa))
+                .ok_or_else(|| MemoryError::Layout(format!("region `{}` overflows", spec.name)))?;
+            regions.push(region);
+            infos.push(RegionInfo {
+                name: spec.name,
+                gpa: spec.gpa,
+                size: spec.size,
+                host_addr,
+                file_backed,
+            });
+        }
+        let mem = GuestMemoryMmap::from_regions(regions)
+            .map_err(|e| MemoryError::Layout(e.to_string()))?;
+        Ok(Self {
+            mem,
+            regions: infos,
+        })
+    }
+
+    /// The vm-memory view of guest memory.
+    pub fn mem(&self) -> &GuestMemoryMmap {
+        &self.mem
+    }
+
+    /// Region metadata, sorted by guest address.
+    pub fn regions(&self) -> &[RegionInfo] {
+        &self.regions
+    }
+
+    /// The region with this name.
+    pub fn region(&self, name: &str) -> Option<&RegionInfo> {
+        self.regions.iter().find(|r| r.name == name)
+    }
+
+    /// End of the highest region.
+    pub fn end(&self) -> u64 {
+        self.regions.last().map_or(0, |r| r.gpa + r.size)
+    }
+}

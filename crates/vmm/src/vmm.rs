@@ -1,0 +1,379 @@
+//! Building a VM from a [`VmConfig`] and running it to completion.
+
+use crate::arch::cpuid::vcpu_cpuid;
+use crate::boot::{probe, EntryState};
+use crate::memory::{Backing, GuestMemory, MemoryError, RegionSpec};
+use crate::report::{memory_report, MemoryReport};
+use crate::trace::{mark_name, BootTrace};
+use crate::vstate::kick;
+use crate::vstate::vcpu::{Vcpu, VcpuEvent, VcpuFailure, VcpuShared};
+use crate::vstate::vm::{Vm, VmError};
+use densevm_devices::legacy::{self, DebugPort, Serial, I8042};
+use densevm_devices::{Bus, GuestRequest};
+use densevm_probe::Command;
+use kvm_bindings::KVM_MAX_CPUID_ENTRIES;
+use kvm_ioctls::VcpuFd;
+use std::io::Write;
+use std::os::unix::thread::JoinHandleExt;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{channel, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use thiserror::Error;
+use vmm_sys_util::eventfd::EventFd;
+
+/// Guest RAM below the 32-bit MMIO hole; RAM beyond it continues at 4 GiB.
+pub const LOW_RAM_END: u64 = 3 << 30;
+/// Where RAM above the hole starts.
+pub const HIGH_RAM_START: u64 = 4 << 30;
+
+/// What the VM runs.
+pub enum Payload {
+    /// The built-in probe guest with a parsed script.
+    Probe(Vec<Command>),
+}
+
+/// Everything needed to build and run one VM.
+pub struct VmConfig {
+    /// Guest RAM in bytes.
+    pub memory_bytes: u64,
+    /// Number of vCPUs.
+    pub cpus: u32,
+    /// The guest.
+    pub payload: Payload,
+    /// Where serial output goes.
+    pub console: Box<dyn Write + Send>,
+    /// Stop the VM with an error after this long.
+    pub timeout: Option<Duration>,
+    /// When the VMM process started (the trace origin).
+    pub origin: Instant,
+    /// Take a memory report just before the VM is torn down.
+    pub report_memory: bool,
+}
+
+/// How a VM run ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VmEnd {
+    /// The guest wrote this code to the debug-exit port.
+    GuestExit(u8),
+    /// The guest asked for a reset (i8042) or reboot.
+    Reset,
+    /// The guest powered off (KVM system event).
+    PowerOff,
+    /// Every vCPU halted with nothing left to wake it.
+    AllHalted,
+    /// A vCPU hit a fatal condition.
+    Failed {
+        /// The vCPU.
+        vcpu: u32,
+        /// What happened.
+        failure: VcpuFailure,
+    },
+    /// The run exceeded its timeout.
+    TimedOut(Duration),
+}
+
+impl VmEnd {
+    /// The process exit code for this end: the guest's own code, 0 for a clean stop,
+    /// 1 for a failure, 124 for a timeout (as timeout(1)).
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            Self::GuestExit(code) => i32::from(*code),
+            Self::Reset | Self::PowerOff | Self::AllHalted => 0,
+            Self::Failed { .. } => 1,
+            Self::TimedOut(_) => 124,
+        }
+    }
+
+    /// Whether the VM ended in an error.
+    pub fn is_error(&self) -> bool {
+        matches!(self, Self::Failed { .. } | Self::TimedOut(_))
+    }
+}
+
+impl std::fmt::Display for VmEnd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::GuestExit(code) => write!(f, "guest exited with code {code}"),
+            Self::Reset => write!(f, "guest requested a reset"),
+            Self::PowerOff => write!(f, "guest powered off"),
+            Self::AllHalted => write!(f, "all vCPUs halted"),
+            Self::Failed { vcpu, failure } => write!(f, "vCPU {vcpu}: {failure}"),
+            Self::TimedOut(d) => write!(
+                f,
+                "VM did not finish within {:.1} s (--timeout)",
+                d.as_secs_f64()
+            ),
+        }
+    }
+}
+
+/// The result of a run.
+pub struct RunOutcome {
+    /// How it ended.
+    pub end: VmEnd,
+    /// Trace points.
+    pub trace: BootTrace,
+    /// Memory report taken before teardown, if requested.
+    pub memory: Option<MemoryReport>,
+}
+
+/// A VM could not be built or started.
+#[derive(Debug, Error)]
+pub enum VmmError {
+    /// KVM refused something.
+    #[error(transparent)]
+    Vm(#[from] VmError),
+    /// Guest memory could not be set up.
+    #[error(transparent)]
+    Memory(#[from] MemoryError),
+    /// The probe could not be loaded.
+    #[error(transparent)]
+    Probe(#[from] probe::ProbeLoadError),
+    /// A configuration value is out of range.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// A vCPU could not be created or configured.
+    #[error("vCPU {index}: {what} failed: {source}")]
+    Vcpu {
+        /// vCPU index.
+        index: u32,
+        /// The operation.
+        what: &'static str,
+        /// The error.
+        source: kvm_ioctls::Error,
+    },
+    /// Host resource failure (eventfd, thread, signal).
+    #[error("{what}: {source}")]
+    Host {
+        /// The operation.
+        what: &'static str,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+fn ram_specs(memory_bytes: u64) -> Vec<RegionSpec> {
+    let low = memory_bytes.min(LOW_RAM_END);
+    let mut specs = vec![RegionSpec {
+        name: "ram".into(),
+        gpa: 0,
+        size: low,
+        backing: Backing::Anonymous,
+    }];
+    if memory_bytes > low {
+        specs.push(RegionSpec {
+            name: "ram.high".into(),
+            gpa: HIGH_RAM_START,
+            size: memory_bytes - low,
+            backing: Backing::Anonymous,
+        });
+    }
+    specs
+}
+
+fn host_tsc_khz() -> u64 {
+    // Calibrate the host TSC against the monotonic clock (fallback when KVM cannot say).
+    #[cfg(target_arch = "x86_64")]
+    {
+        let t0 = Instant::now();
+        // SAFETY: rdtsc has no memory effects and is available on every x86_64 CPU.
+        let c0 = unsafe { core::arch::x86_64::_rdtsc() };
+        std::thread::sleep(Duration::from_millis(10));
+        // SAFETY: as above.
+        let c1 = unsafe { core::arch::x86_64::_rdtsc() };
+        let us = t0.elapsed().as_micros().max(1) as u64;
+        (c1 - c0) * 1000 / us
+    }
+}
+
+fn create_vcpu(vm: &Vm, index: u32, count: u32) -> Result<VcpuFd, VmmError> {
+    let err = |what| {
+        move |source| VmmError::Vcpu {
+            index,
+            what,
+            source,
+        }
+    };
+    let fd = vm
+        .fd()
+        .create_vcpu(u64::from(index))
+        .map_err(err("KVM_CREATE_VCPU"))?;
+    let cpuid = vm
+        .kvm()
+        .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+        .map_err(err("KVM_GET_SUPPORTED_CPUID"))?;
+    fd.set_cpuid2(&vcpu_cpuid(cpuid, index as u8, count as u8))
+        .map_err(err("KVM_SET_CPUID2"))?;
+    Ok(fd)
+}
+
+fn set_entry_state(fd: &VcpuFd, index: u32, entry: &dyn EntryState) -> Result<(), VmmError> {
+    let err = |what| {
+        move |source| VmmError::Vcpu {
+            index,
+            what,
+            source,
+        }
+    };
+    let sregs = fd.get_sregs().map_err(err("KVM_GET_SREGS"))?;
+    fd.set_sregs(&entry.sregs(index, sregs))
+        .map_err(err("KVM_SET_SREGS"))?;
+    fd.set_regs(&entry.regs(index))
+        .map_err(err("KVM_SET_REGS"))?;
+    Ok(())
+}
+
+/// Builds the VM described by `config` and runs it until it ends.
+pub fn run_vm(config: VmConfig) -> Result<RunOutcome, VmmError> {
+    let mut trace = BootTrace::new(config.origin);
+    if config.cpus == 0 || config.cpus > 254 {
+        return Err(VmmError::Config(format!(
+            "--cpus must be 1..=254, got {}",
+            config.cpus
+        )));
+    }
+    kick::install().map_err(|source| VmmError::Host {
+        what: "installing the vCPU kick signal handler",
+        source,
+    })?;
+    let vm = Vm::new()?;
+    let memory = GuestMemory::new(ram_specs(config.memory_bytes))?;
+    vm.register_memory(&memory)?;
+
+    let serial_irq = EventFd::new(libc::EFD_NONBLOCK).map_err(|source| VmmError::Host {
+        what: "eventfd",
+        source,
+    })?;
+    let mut pio = Bus::new();
+    let bus_err = |e: densevm_devices::BusError| VmmError::Config(e.to_string());
+    pio.insert(
+        Arc::new(Mutex::new(Serial::new(serial_irq, config.console))),
+        legacy::COM1_BASE,
+        legacy::SERIAL_LEN,
+    )
+    .map_err(bus_err)?;
+    pio.insert(
+        Arc::new(Mutex::new(I8042::new())),
+        legacy::I8042_BASE,
+        legacy::I8042_LEN,
+    )
+    .map_err(bus_err)?;
+    pio.insert(
+        Arc::new(Mutex::new(DebugPort)),
+        legacy::DEBUG_PORT_BASE,
+        legacy::DEBUG_PORT_LEN,
+    )
+    .map_err(bus_err)?;
+
+    // The probe needs no interrupts; it runs without an irqchip so HLT exits to us.
+    let Payload::Probe(script) = &config.payload;
+    let fds = (0..config.cpus)
+        .map(|i| create_vcpu(&vm, i, config.cpus))
+        .collect::<Result<Vec<_>, _>>()?;
+    let tsc_khz = fds[0]
+        .get_tsc_khz()
+        .map(u64::from)
+        .unwrap_or_else(|_| host_tsc_khz());
+    let ram_low = memory.regions()[0].size;
+    let entry = probe::load_probe(
+        memory.mem(),
+        ram_low,
+        memory.end(),
+        config.cpus,
+        script,
+        &[],
+        tsc_khz,
+    )?;
+    let mut vcpus = Vec::new();
+    for (i, fd) in (0..config.cpus).zip(fds) {
+        set_entry_state(&fd, i, &entry)?;
+        vcpus.push(Vcpu::new(i, fd));
+    }
+    trace.mark("vm_ready");
+
+    let shared = Arc::new(VcpuShared::new(pio, Bus::new(), vm.has_irqchip()));
+    let (tx, rx) = channel();
+    let mut threads = Vec::new();
+    for vcpu in vcpus {
+        let (shared, tx) = (shared.clone(), tx.clone());
+        let handle = std::thread::Builder::new()
+            .name("vcpu".into())
+            .spawn(move || vcpu.run(shared, tx))
+            .map_err(|source| VmmError::Host {
+                what: "spawning a vCPU thread",
+                source,
+            })?;
+        threads.push(handle);
+    }
+    drop(tx);
+
+    let deadline = config.timeout.map(|t| Instant::now() + t);
+    let mut halted = 0;
+    let end = loop {
+        let wait = deadline.map_or(Duration::from_secs(3600), |d| {
+            d.saturating_duration_since(Instant::now())
+        });
+        let event = match rx.recv_timeout(wait) {
+            Ok(event) => event,
+            Err(RecvTimeoutError::Timeout) if deadline.is_some_and(|d| Instant::now() >= d) => {
+                break VmEnd::TimedOut(config.timeout.unwrap_or_default());
+            }
+            Err(RecvTimeoutError::Timeout) => continue,
+            Err(RecvTimeoutError::Disconnected) => break VmEnd::AllHalted,
+        };
+        match event {
+            VcpuEvent::FirstEntry(0, at) => trace.mark_at("vcpu0_first_entry", at),
+            VcpuEvent::FirstEntry(..) | VcpuEvent::Stopped(_) => {}
+            VcpuEvent::Request(_, GuestRequest::TraceMark(id), at) => {
+                trace.mark_at(&mark_name(id), at)
+            }
+            VcpuEvent::Request(_, GuestRequest::Exit(code), _) => break VmEnd::GuestExit(code),
+            VcpuEvent::Request(_, GuestRequest::Reset, _) => break VmEnd::Reset,
+            VcpuEvent::Request(vcpu, GuestRequest::GuestFault(vector), _) => {
+                break VmEnd::Failed {
+                    vcpu,
+                    failure: VcpuFailure::GuestException {
+                        vector,
+                        rip: 0,
+                        cr2: 0,
+                    },
+                }
+            }
+            VcpuEvent::SystemEvent(_, kind) => {
+                break if kind == kvm_bindings::KVM_SYSTEM_EVENT_RESET {
+                    VmEnd::Reset
+                } else {
+                    VmEnd::PowerOff
+                };
+            }
+            VcpuEvent::Halted(_) => {
+                halted += 1;
+                if halted == config.cpus {
+                    break VmEnd::AllHalted;
+                }
+            }
+            VcpuEvent::Failed(vcpu, failure) => break VmEnd::Failed { vcpu, failure },
+        }
+    };
+    trace.mark("vm_end");
+    let memory_report = if config.report_memory {
+        memory_report(memory.regions()).ok()
+    } else {
+        None
+    };
+
+    shared.stop.store(true, Ordering::Release);
+    for handle in threads {
+        while !handle.is_finished() {
+            kick::kick(handle.as_pthread_t());
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let _ = handle.join();
+    }
+    Ok(RunOutcome {
+        end,
+        trace,
+        memory: memory_report,
+    })
+}

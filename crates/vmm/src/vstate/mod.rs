@@ -1,0 +1,6 @@
+//! KVM state: the VM file descriptor with its memory slots and interrupt controllers,
+//! and the vCPU threads with their exit handling.
+
+pub mod kick;
+pub mod vcpu;
+pub mod vm;

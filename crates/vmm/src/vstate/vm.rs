@@ -1,0 +1,106 @@
+//! The KVM VM: creation, memory slots, and the optional in-kernel irqchip and PIT.
+
+use crate::memory::GuestMemory;
+use kvm_bindings::{kvm_pit_config, kvm_userspace_memory_region, KVM_PIT_SPEAKER_DUMMY};
+use kvm_ioctls::{Kvm, VmFd};
+use thiserror::Error;
+
+/// Address of the TSS KVM needs below 4 GiB (three pages), clear of guest RAM.
+pub const KVM_TSS_ADDR: u64 = 0xfffb_d000;
+/// Address of the EPT identity-map page KVM needs.
+pub const KVM_IDENTITY_MAP_ADDR: u64 = 0xfffb_c000;
+
+/// Failure to create or configure the VM.
+#[derive(Debug, Error)]
+pub enum VmError {
+    /// /dev/kvm is missing or unusable.
+    #[error(
+        "cannot open /dev/kvm: {0} (is the kvm module loaded and do you have access to /dev/kvm?)"
+    )]
+    OpenKvm(kvm_ioctls::Error),
+    /// A KVM ioctl failed.
+    #[error("{what} failed: {source}")]
+    Kvm {
+        /// The operation.
+        what: &'static str,
+        /// The ioctl error.
+        source: kvm_ioctls::Error,
+    },
+}
+
+fn kvm_err(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmError {
+    move |source| VmError::Kvm { what, source }
+}
+
+/// A VM file descriptor plus the KVM system handle it came from.
+pub struct Vm {
+    kvm: Kvm,
+    fd: VmFd,
+    irqchip: bool,
+}
+
+impl Vm {
+    /// Opens /dev/kvm and creates a VM.
+    pub fn new() -> Result<Self, VmError> {
+        let kvm = Kvm::new().map_err(VmError::OpenKvm)?;
+        let fd = kvm.create_vm().map_err(kvm_err("KVM_CREATE_VM"))?;
+        fd.set_tss_address(KVM_TSS_ADDR as usize)
+            .map_err(kvm_err("KVM_SET_TSS_ADDR"))?;
+        fd.set_identity_map_address(KVM_IDENTITY_MAP_ADDR)
+            .map_err(kvm_err("KVM_SET_IDENTITY_MAP_ADDR"))?;
+        Ok(Self {
+            kvm,
+            fd,
+            irqchip: false,
+        })
+    }
+
+    /// Creates the in-kernel PIC/IOAPIC/LAPIC and the PIT (guests that take interrupts).
+    pub fn create_irqchip(&mut self) -> Result<(), VmError> {
+        self.fd
+            .create_irq_chip()
+            .map_err(kvm_err("KVM_CREATE_IRQCHIP"))?;
+        let pit = kvm_pit_config {
+            flags: KVM_PIT_SPEAKER_DUMMY,
+            ..Default::default()
+        };
+        self.fd
+            .create_pit2(pit)
+            .map_err(kvm_err("KVM_CREATE_PIT2"))?;
+        self.irqchip = true;
+        Ok(())
+    }
+
+    /// Whether an in-kernel irqchip exists.
+    pub fn has_irqchip(&self) -> bool {
+        self.irqchip
+    }
+
+    /// Registers every guest memory region as a KVM memory slot.
+    pub fn register_memory(&self, memory: &GuestMemory) -> Result<(), VmError> {
+        for (slot, region) in memory.regions().iter().enumerate() {
+            let mem_region = kvm_userspace_memory_region {
+                slot: slot as u32,
+                flags: 0,
+                guest_phys_addr: region.gpa,
+                memory_size: region.size,
+                userspace_addr: region.host_addr,
+            };
+            // SAFETY: the host range belongs to a live mapping owned by `memory`, which the
+            // caller keeps alive for as long as the VM exists.
+            unsafe { self.fd.set_user_memory_region(mem_region) }
+                .map_err(kvm_err("KVM_SET_USER_MEMORY_REGION"))?;
+        }
+        Ok(())
+    }
+
+    /// The KVM system handle.
+    pub fn kvm(&self) -> &Kvm {
+        &self.kvm
+    }
+
+    /// The VM file descriptor.
+    pub fn fd(&self) -> &VmFd {
+        &self.fd
+    }
+}
