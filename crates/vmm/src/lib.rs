@@ -9,4 +9,6 @@ pub mod trace;
 pub mod vmm;
 pub mod vstate;
 
-pub use vmm::{run_vm, Payload, RunOutcome, VmConfig, VmEnd, VmmError};
+pub use vmm::{
+    place_external_regions, run_vm, ExternalRegion, Payload, RunOutcome, VmConfig, VmEnd, VmmError,
+};

@@ -20,6 +20,12 @@ pub enum Backing {
         /// Byte offset of the region in the file (page aligned).
         offset: u64,
     },
+    /// Memory mapped and owned by another component (e.g. the pmem mapping service,
+    /// which serves its faults). It must stay mapped for as long as the VM exists.
+    External {
+        /// Host virtual address of the mapping (page aligned).
+        host_addr: u64,
+    },
 }
 
 /// One guest-physical region to create.
@@ -125,8 +131,25 @@ impl GuestMemory {
                         .with_file_offset(FileOffset::from_arc(file.clone(), *offset)),
                     true,
                 ),
+                Backing::External { .. } => (builder, true),
             };
-            let mapping = builder.build().map_err(|source| MemoryError::Map {
+            let mapping = match &spec.backing {
+                Backing::External { host_addr } => {
+                    // SAFETY: the owner of an External region guarantees that
+                    // [host_addr, host_addr + size) is a live read-write mapping that
+                    // outlives the VM (documented on `Backing::External`).
+                    unsafe {
+                        vm_memory::MmapRegion::build_raw(
+                            *host_addr as *mut u8,
+                            spec.size as usize,
+                            libc::PROT_READ | libc::PROT_WRITE,
+                            libc::MAP_SHARED,
+                        )
+                    }
+                }
+                _ => builder.build(),
+            }
+            .map_err(|source| MemoryError::Map {
                 name: spec.name.clone(),
                 size: spec.size,
                 source,

@@ -33,6 +33,45 @@ pub enum Payload {
     Probe(Vec<Command>),
 }
 
+/// A guest-physical region whose host memory another component maps and serves
+/// (a pcow pmem region): densevm places it above RAM and registers it with KVM.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExternalRegion {
+    /// Name (`pmem0`, `pmem1`, ...), addressable by the probe script.
+    pub name: String,
+    /// Host virtual address of the live mapping (page aligned); must outlive the VM.
+    pub host_addr: u64,
+    /// Size in bytes (page aligned).
+    pub size: u64,
+}
+
+/// Alignment of external regions in guest-physical space.
+pub const EXTERNAL_REGION_ALIGN: u64 = 1 << 30;
+
+/// Places external regions above RAM (and above 4 GiB), each 1 GiB aligned; returns
+/// `(name, gpa, size)` for each.
+pub fn place_external_regions(
+    memory_bytes: u64,
+    regions: &[ExternalRegion],
+) -> Vec<(String, u64, u64)> {
+    let ram_top = if memory_bytes > LOW_RAM_END {
+        HIGH_RAM_START + memory_bytes - LOW_RAM_END
+    } else {
+        memory_bytes
+    };
+    let mut next = ram_top
+        .max(HIGH_RAM_START)
+        .next_multiple_of(EXTERNAL_REGION_ALIGN);
+    regions
+        .iter()
+        .map(|r| {
+            let gpa = next;
+            next = (gpa + r.size).next_multiple_of(EXTERNAL_REGION_ALIGN);
+            (r.name.clone(), gpa, r.size)
+        })
+        .collect()
+}
+
 /// Everything needed to build and run one VM.
 pub struct VmConfig {
     /// Guest RAM in bytes.
@@ -49,6 +88,8 @@ pub struct VmConfig {
     pub origin: Instant,
     /// Take a memory report just before the VM is torn down.
     pub report_memory: bool,
+    /// Regions mapped by other components (pmem), placed above RAM.
+    pub external_regions: Vec<ExternalRegion>,
 }
 
 /// How a VM run ended.
@@ -238,7 +279,19 @@ pub fn run_vm(config: VmConfig) -> Result<RunOutcome, VmmError> {
         source,
     })?;
     let vm = Vm::new()?;
-    let memory = GuestMemory::new(ram_specs(config.memory_bytes))?;
+    let placed = place_external_regions(config.memory_bytes, &config.external_regions);
+    let mut specs = ram_specs(config.memory_bytes);
+    for (region, (name, gpa, size)) in config.external_regions.iter().zip(&placed) {
+        specs.push(RegionSpec {
+            name: name.clone(),
+            gpa: *gpa,
+            size: *size,
+            backing: Backing::External {
+                host_addr: region.host_addr,
+            },
+        });
+    }
+    let memory = GuestMemory::new(specs)?;
     vm.register_memory(&memory)?;
 
     let serial_irq = EventFd::new(libc::EFD_NONBLOCK).map_err(|source| VmmError::Host {

@@ -138,6 +138,7 @@ pub fn main(args: RunArgs) -> anyhow::Result<i32> {
         timeout,
         origin,
         report_memory: args.report || args.report_json.is_some() || args.json,
+        external_regions: Vec::new(),
     };
     let started = Instant::now();
     let outcome = run_vm(config).context("could not start the VM")?;
