@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Probe VM start-up and VMM memory overhead, with QEMU's idle VMM in the same run as peer.
+# Usage: scripts/bench-probe.sh [RUNS]   (writes build/bench-probe.md and prints it)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+runs="${1:-20}"
+densevm="${DENSEVM:-target/release/densevm}"
+[ -x "$densevm" ] || { echo "bench-probe: build first (make build)" >&2; exit 1; }
+[ -r /dev/kvm ] || { echo "bench-probe: /dev/kvm is missing" >&2; exit 1; }
+out=build/bench-probe; mkdir -p "$out"
+
+echo "bench-probe: $runs idle 128 MiB probe VMs..." >&2
+for i in $(seq 1 "$runs"); do
+  "$densevm" run --memory 128M --probe 'exit 0' --report-json "$out/run-$i.json" >/dev/null
+  printf '\r  %d/%d' "$i" "$runs" >&2
+done
+echo >&2
+
+# QEMU 7.2 peer: an idle 128 MiB KVM VM stopped before its first instruction (-S).
+qemu_uss=""
+if command -v qemu-system-x86_64 >/dev/null; then
+  qemu-system-x86_64 -accel kvm -m 128 -nodefaults -display none -S -monitor none &
+  qpid=$!
+  sleep 2
+  qemu_uss=$(awk '/^Private_(Clean|Dirty)/ {s+=$2} END {print s}' "/proc/$qpid/smaps_rollup" 2>/dev/null || true)
+  kill "$qpid" 2>/dev/null || true; wait "$qpid" 2>/dev/null || true
+fi
+
+python3 - "$out" "$runs" "${qemu_uss:-}" <<'PY'
+import json, statistics, sys, glob, datetime
+out, runs, qemu = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+docs = [json.load(open(f)) for f in glob.glob(f"{out}/run-*.json")]
+def med(key): return statistics.median(d["trace_ms"][key] for d in docs)
+first = med("vcpu0_first_entry"); ready = med("vm_ready"); probe = med("probe_start")
+uss = statistics.median(d["vmm_overhead"]["uss_kib"] for d in docs)
+pss = statistics.median(d["vmm_overhead"]["pss_kib"] for d in docs)
+tot = statistics.median(d["uss_kib"] for d in docs)
+lines = [
+  f"Measured {datetime.date.today()} with `scripts/bench-probe.sh {runs}` (median of {len(docs)} runs, 128 MiB idle probe VM, 1 vCPU):",
+  "",
+  "| metric | densevm | QEMU 7.2 peer (same run) |",
+  "|---|---|---|",
+  f"| process start → VM ready | {ready:.2f} ms | |",
+  f"| process start → first vCPU entry | {first:.2f} ms | |",
+  f"| process start → first probe instruction (guest mark) | {probe:.2f} ms | |",
+  f"| VMM USS (process minus guest memory) | {uss:.0f} KiB | {qemu + ' KiB (whole process, -S, no guest code run)' if qemu else 'not measured (qemu-system-x86 missing)'} |",
+  f"| VMM PSS (process minus guest memory) | {pss:.0f} KiB | |",
+  f"| process USS incl. guest pages touched | {tot:.0f} KiB | |",
+]
+text = "\n".join(lines) + "\n"
+open(f"{out}.md", "w").write(text)
+print(text)
+PY
