@@ -1,0 +1,312 @@
+//! The fault logic shared by every path (userfaultfd thread, SIGSEGV requests, vCPU hook):
+//! thin expansion, 4 KiB / whole-cluster copy-on-write, and the flush that acknowledges writes.
+
+use std::collections::HashMap;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+
+use pcow::{AllocInit, EntryKind, SharedChain, UNIT_SIZE};
+
+use crate::error::{sys, PmemError, Result};
+
+/// Host page size assumed by the mapping (x86-64).
+pub const PAGE: u64 = 4096;
+
+/// Counters of the fault service.
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub expansions: AtomicU64,
+    pub cow_faults: AtomicU64,
+    pub cow_units: AtomicU64,
+    pub read_faults: AtomicU64,
+    pub uffd_write_faults: AtomicU64,
+    pub segv_faults: AtomicU64,
+    pub guest_hook_faults: AtomicU64,
+    pub raced: AtomicU64,
+}
+
+/// Copied units not yet recorded in the image (made valid at the next flush).
+#[derive(Default)]
+pub(crate) struct State {
+    pub copied: HashMap<u64, [u64; 8]>,
+}
+
+/// Everything the fault paths need; shared by the region, its threads and hook handles.
+pub(crate) struct Inner {
+    pub base: u64,
+    pub size: u64,
+    pub reserved: u64,
+    pub cluster: u64,
+    pub units: u32,
+    pub chain: Arc<SharedChain>,
+    /// Descriptors of the chain files, top first.
+    pub fds: Vec<RawFd>,
+    pub writable: bool,
+    /// Clusters of at most this many units are copied whole on the first write.
+    pub whole_cluster_units: u32,
+    pub state: Mutex<State>,
+    pub counters: Counters,
+    /// Allocations since the last pool refill; the refill thread waits on `refill_cv`.
+    pub refill: Mutex<(u64, bool)>,
+    pub refill_cv: Condvar,
+}
+
+/// A run of contiguous host pages mapped from one file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Run {
+    pub offset: u64,
+    pub len: u64,
+    pub image: usize,
+    pub file_offset: u64,
+    pub writable: bool,
+}
+
+/// Appends `r` to `runs`, merging it with the last run when both are contiguous in the
+/// region and in the same file with the same protection.
+pub(crate) fn push_run(runs: &mut Vec<Run>, r: Run) {
+    if let Some(last) = runs.last_mut() {
+        if last.image == r.image
+            && last.writable == r.writable
+            && last.offset + last.len == r.offset
+            && last.file_offset + last.len == r.file_offset
+        {
+            last.len += r.len;
+            return;
+        }
+    }
+    runs.push(r);
+}
+
+fn bit(bm: &[u64; 8], u: u32) -> bool {
+    bm[(u / 64) as usize] & (1 << (u % 64)) != 0
+}
+
+impl Inner {
+    /// Maps `len` bytes of file `image` at region offset `offset` (MAP_SHARED|MAP_FIXED).
+    pub fn map_run(&self, r: &Run) -> Result<()> {
+        let len = r.len.min(self.reserved - r.offset);
+        let prot = if r.writable {
+            libc::PROT_READ | libc::PROT_WRITE
+        } else {
+            libc::PROT_READ
+        };
+        let addr = self.base + r.offset;
+        // SAFETY: MAP_FIXED inside our own reserved range [base, base+reserved), which no
+        // Rust object references; the file descriptor belongs to the open chain.
+        let p = unsafe {
+            libc::mmap(
+                addr as *mut libc::c_void,
+                len as usize,
+                prot,
+                libc::MAP_SHARED | libc::MAP_FIXED,
+                self.fds[r.image],
+                r.file_offset as libc::off_t,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(sys(
+                "mmap(MAP_SHARED|MAP_FIXED) of an image cluster",
+                addr,
+                len,
+            ));
+        }
+        Ok(())
+    }
+
+    /// Maps a read-only zero page over `page` after a fault could not be served, so the
+    /// faulting thread is not left blocked: reads see zeros, writes fault for good.
+    pub fn poison(&self, page: u64) {
+        // SAFETY: MAP_FIXED of one page inside our reserved range.
+        unsafe {
+            libc::mmap(
+                page as *mut libc::c_void,
+                PAGE as usize,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                -1,
+                0,
+            );
+        }
+    }
+
+    /// Checks that `addr` is inside the region and returns its offset.
+    pub fn offset_of(&self, addr: u64) -> Result<u64> {
+        if addr < self.base || addr >= self.base + self.size {
+            return Err(PmemError::OutOfRegion {
+                addr,
+                base: self.base,
+                size: self.size,
+            });
+        }
+        Ok(addr - self.base)
+    }
+
+    /// Serves a write to region offset `offset`: after it returns Ok, the page is mapped
+    /// writable from the top file. Idempotent and safe to call from many threads at once:
+    /// each cluster is allocated, and each unit copied, exactly once.
+    pub fn write_fault(&self, offset: u64) -> Result<()> {
+        if offset >= self.size {
+            return Err(PmemError::OutOfRegion {
+                addr: self.base + offset,
+                base: self.base,
+                size: self.size,
+            });
+        }
+        if !self.writable {
+            return Err(PmemError::Invalid(
+                "write to a region mapped from a read-only chain".into(),
+            ));
+        }
+        let logical = offset / self.cluster;
+        let unit = ((offset % self.cluster) / UNIT_SIZE) as u32;
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let loc = self.chain.lookup(logical);
+        let copied = state.copied.get(&logical).copied().unwrap_or([0; 8]);
+        match loc {
+            Some(l) if l.writable && l.kind == EntryKind::Data => {
+                if l.unit_valid(unit) || bit(&copied, unit) {
+                    // A racing fault already served this page.
+                    self.counters.raced.fetch_add(1, Ordering::Relaxed);
+                    return Ok(());
+                }
+                self.copy_on_write(&mut state, logical, unit, Some(l.bitmap), copied)
+            }
+            None => self.expand(logical),
+            Some(l) if l.kind == EntryKind::Zero => self.expand(logical),
+            Some(_) => self.copy_on_write(&mut state, logical, unit, None, copied),
+        }
+    }
+
+    fn expand(&self, logical: u64) -> Result<()> {
+        let a = self.chain.allocate(logical, AllocInit::Zeroed)?;
+        self.map_run(&Run {
+            offset: logical * self.cluster,
+            len: self.cluster,
+            image: 0,
+            file_offset: a.file_offset,
+            writable: true,
+        })?;
+        self.counters.expansions.fetch_add(1, Ordering::Relaxed);
+        self.note_allocation();
+        Ok(())
+    }
+
+    fn copy_on_write(
+        &self,
+        state: &mut State,
+        logical: u64,
+        unit: u32,
+        top_bitmap: Option<[u64; 8]>,
+        copied: [u64; 8],
+    ) -> Result<()> {
+        let valid = |u: u32| top_bitmap.is_some_and(|b| bit(&b, u)) || bit(&copied, u);
+        let units: Vec<u32> = if self.units <= self.whole_cluster_units {
+            (0..self.units).filter(|&u| !valid(u)).collect()
+        } else {
+            vec![unit]
+        };
+        let a = self.chain.allocate(logical, AllocInit::Empty)?;
+        if a.newly_allocated {
+            self.note_allocation();
+        }
+        let mut bits = copied;
+        let mut i = 0;
+        while i < units.len() {
+            let mut j = i + 1;
+            while j < units.len() && units[j] == units[j - 1] + 1 {
+                j += 1;
+            }
+            let first = units[i] as u64;
+            let n = (j - i) as u64;
+            let mut buf = vec![0u8; (n * UNIT_SIZE) as usize];
+            // Read through the chain: the top holds none of these units yet, so this reads
+            // the lower layers (or zeros).
+            self.chain
+                .read()
+                .read(logical * self.cluster + first * UNIT_SIZE, &mut buf)?;
+            let file_off = a.file_offset + first * UNIT_SIZE;
+            pwrite_all(self.fds[0], &buf, file_off)?;
+            self.map_run(&Run {
+                offset: logical * self.cluster + first * UNIT_SIZE,
+                len: n * UNIT_SIZE,
+                image: 0,
+                file_offset: file_off,
+                writable: true,
+            })?;
+            for u in &units[i..j] {
+                bits[(u / 64) as usize] |= 1 << (u % 64);
+            }
+            i = j;
+        }
+        state.copied.insert(logical, bits);
+        self.counters.cow_faults.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .cow_units
+            .fetch_add(units.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn note_allocation(&self) {
+        let mut r = self.refill.lock().unwrap_or_else(|p| p.into_inner());
+        r.0 += 1;
+        if r.0 >= crate::REFILL_EVERY {
+            self.refill_cv.notify_one();
+        }
+    }
+
+    /// The sync point: data of copied units durable, then their bits recorded, then durable.
+    /// Every write that completed before the call is durable when it returns.
+    pub fn flush(&self) -> Result<()> {
+        let pending: Vec<(u64, [u64; 8])> = {
+            let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            s.copied.iter().map(|(k, v)| (*k, *v)).collect()
+        };
+        // F (data): guest stores through MAP_SHARED and copied units.
+        self.chain.sync()?;
+        if pending.is_empty() {
+            return Ok(());
+        }
+        let words = self.units.div_ceil(64) as usize;
+        for (logical, bm) in &pending {
+            self.chain.mark_valid(*logical, &bm[..words])?;
+        }
+        // F (metadata): the bitmap updates.
+        self.chain.sync()?;
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        for (logical, bm) in pending {
+            if let Some(cur) = s.copied.get_mut(&logical) {
+                for (c, b) in cur.iter_mut().zip(bm) {
+                    *c &= !b;
+                }
+                if cur.iter().all(|&w| w == 0) {
+                    s.copied.remove(&logical);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn pwrite_all(fd: RawFd, buf: &[u8], offset: u64) -> Result<()> {
+    let mut done = 0usize;
+    while done < buf.len() {
+        // SAFETY: writing from a live buffer to a descriptor of the open chain.
+        let n = unsafe {
+            libc::pwrite(
+                fd,
+                buf[done..].as_ptr().cast(),
+                buf.len() - done,
+                (offset + done as u64) as libc::off_t,
+            )
+        };
+        if n < 0 {
+            if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            return Err(sys("pwrite of a copied unit", offset, buf.len() as u64));
+        }
+        done += n as usize;
+    }
+    Ok(())
+}

@@ -1,0 +1,29 @@
+//! densevm-pmem: a pcow chain mapped at a contiguous host range whose faults are served in
+//! user space, so guest loads and stores reach the image clusters directly.
+//!
+//! * Clusters of the writable layer are mapped `MAP_SHARED` read-write from the top file;
+//!   clusters (or 4 KiB units) held by snapshots and base images are mapped `MAP_SHARED`
+//!   read-only from their file, so every VM on one base shares the host page cache.
+//! * Everything else is an anonymous placeholder registered with userfaultfd
+//!   (MISSING + WP). A read is answered with a write-protected zero page (nothing is
+//!   allocated in the image); a write allocates a cluster (thin expansion) and maps it.
+//! * A write to a read-only lower-layer page is copied up (4 KiB, or the whole cluster when
+//!   it is that small) into the top file and remapped writable. Host threads reach this
+//!   through SIGSEGV; vCPUs through the VMM's exit path ([`WriteFaultHandle`]) because KVM
+//!   reports such writes as an MMIO exit (PVM) or EFAULT (hardware KVM), not as a signal.
+//! * [`PmemRegion::flush`] is the sync point that acknowledges writes (docs/pcow.md §6).
+//!
+//! The design and its measurements are in docs/architecture.md (`## pmem`).
+
+mod error;
+mod fault;
+mod region;
+mod segv;
+mod service;
+pub mod uffd;
+
+pub use error::{PmemError, Result};
+pub use region::{MapOptions, PmemRegion, PmemStats, WriteFaultHandle};
+
+/// The pool refill thread runs after this many allocations.
+pub(crate) const REFILL_EVERY: u64 = 32;

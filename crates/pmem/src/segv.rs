@@ -1,0 +1,192 @@
+//! Write faults of host threads on read-only (lower-layer) file pages arrive as SIGSEGV.
+//!
+//! The handler does no work itself: it sends the faulting address through a pipe to the
+//! region's fault-service thread and sleeps on a futex until the page has been copied up and
+//! remapped writable, then returns so the instruction is retried. Only async-signal-safe calls
+//! (`write`, `futex`, `sigaction`) are made in signal context. Faults outside every region are
+//! passed to the previous handler (Rust's stack-overflow handler, or the default action).
+
+use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use crate::error::{PmemError, Result};
+
+/// Maximum number of live regions per process.
+pub const MAX_REGIONS: usize = 64;
+
+struct Slot {
+    base: AtomicU64,
+    end: AtomicU64,
+    fd: AtomicI32,
+}
+
+#[allow(clippy::declare_interior_mutable_const)]
+const EMPTY: Slot = Slot {
+    base: AtomicU64::new(0),
+    end: AtomicU64::new(0),
+    fd: AtomicI32::new(-1),
+};
+static SLOTS: [Slot; MAX_REGIONS] = [EMPTY; MAX_REGIONS];
+static INSTALL: Mutex<bool> = Mutex::new(false);
+/// The previous SIGSEGV action (written once, before our handler is installed).
+static mut OLD_ACTION: Option<libc::sigaction> = None;
+
+/// Request sent from the handler: faulting address and the futex word to complete.
+#[repr(C)]
+pub(crate) struct Request {
+    pub addr: u64,
+    pub done: u64,
+}
+
+/// Completion values of [`Request::done`]'s word.
+pub(crate) const DONE_OK: u32 = 1;
+/// The fault could not be served; the handler falls back to the previous action.
+pub(crate) const DONE_FAILED: u32 = 2;
+
+/// Registers `[base, base+len)` as served through pipe `fd`; returns the slot number.
+pub(crate) fn register(base: u64, len: u64, fd: i32) -> Result<usize> {
+    install()?;
+    for (i, s) in SLOTS.iter().enumerate() {
+        if s.fd
+            .compare_exchange(-1, -2, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            s.base.store(base, Ordering::Release);
+            s.end.store(base + len, Ordering::Release);
+            s.fd.store(fd, Ordering::Release);
+            return Ok(i);
+        }
+    }
+    Err(PmemError::TooManyRegions(MAX_REGIONS))
+}
+
+/// Forgets slot `i`.
+pub(crate) fn unregister(i: usize) {
+    let s = &SLOTS[i];
+    s.end.store(0, Ordering::Release);
+    s.base.store(0, Ordering::Release);
+    s.fd.store(-1, Ordering::Release);
+}
+
+/// Completes a request: stores `value` into the waiter's futex word and wakes it.
+///
+/// # Safety
+/// `done` must be the address sent by a handler that is still waiting on it.
+pub(crate) unsafe fn complete(done: u64, value: u32) {
+    // SAFETY: the waiting handler keeps the word alive on its stack until it sees non-zero.
+    let word = unsafe { &*(done as *const AtomicU32) };
+    word.store(value, Ordering::Release);
+    // SAFETY: FUTEX_WAKE on a valid aligned u32.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            done as *const u32,
+            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+            1,
+        );
+    }
+}
+
+fn install() -> Result<()> {
+    let mut done = INSTALL.lock().unwrap_or_else(|p| p.into_inner());
+    if *done {
+        return Ok(());
+    }
+    // SAFETY: zeroed sigaction is a valid "query" argument; we fill the fields we use.
+    let mut new: libc::sigaction = unsafe { std::mem::zeroed() };
+    new.sa_sigaction = handler as *const () as usize;
+    new.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK | libc::SA_NODEFER;
+    // SAFETY: sigemptyset on a sigset we own.
+    unsafe { libc::sigemptyset(&mut new.sa_mask) };
+    // SAFETY: as above.
+    let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: installing a handler with valid sigaction structures.
+    if unsafe { libc::sigaction(libc::SIGSEGV, &new, &mut old) } != 0 {
+        return Err(crate::error::sys("sigaction(SIGSEGV)", 0, 0));
+    }
+    // SAFETY: written once under the INSTALL lock, before any fault can reach our handler for
+    // an address that is not ours (the handler reads it only on the fallback path).
+    unsafe { OLD_ACTION = Some(old) };
+    *done = true;
+    Ok(())
+}
+
+extern "C" fn handler(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    // SAFETY: the kernel passes a valid siginfo for SA_SIGINFO handlers.
+    let addr = unsafe { (*info).si_addr() } as u64;
+    for s in SLOTS.iter() {
+        let fd = s.fd.load(Ordering::Acquire);
+        if fd < 0 {
+            continue;
+        }
+        if addr < s.base.load(Ordering::Acquire) || addr >= s.end.load(Ordering::Acquire) {
+            continue;
+        }
+        let done = AtomicU32::new(0);
+        let req = Request {
+            addr,
+            done: &done as *const AtomicU32 as u64,
+        };
+        // SAFETY: write(2) of a 16-byte plain struct (atomic for a pipe: < PIPE_BUF).
+        let n = unsafe {
+            libc::write(
+                fd,
+                (&req as *const Request).cast(),
+                std::mem::size_of::<Request>(),
+            )
+        };
+        if n != std::mem::size_of::<Request>() as isize {
+            break;
+        }
+        loop {
+            let v = done.load(Ordering::Acquire);
+            if v == DONE_OK {
+                return;
+            }
+            if v != 0 {
+                break;
+            }
+            // SAFETY: FUTEX_WAIT on our own stack word, expecting 0.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_futex,
+                    &done as *const AtomicU32 as *const u32,
+                    libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+                    0u32,
+                    std::ptr::null::<libc::timespec>(),
+                );
+            }
+        }
+        if done.load(Ordering::Acquire) == DONE_OK {
+            return;
+        }
+        break;
+    }
+    fallback(sig, info, ctx);
+}
+
+fn fallback(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    // SAFETY: OLD_ACTION was written before our handler was installed and never changes.
+    let old = unsafe { *std::ptr::addr_of!(OLD_ACTION) };
+    match old {
+        Some(old)
+            if old.sa_flags & libc::SA_SIGINFO != 0
+                && old.sa_sigaction != libc::SIG_DFL
+                && old.sa_sigaction != libc::SIG_IGN =>
+        {
+            // SAFETY: the previous handler was installed with SA_SIGINFO, so it has this type.
+            let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+                unsafe { std::mem::transmute(old.sa_sigaction) };
+            f(sig, info, ctx);
+        }
+        _ => {
+            // Restore the default action and return: the access faults again and the
+            // process dies with SIGSEGV as it would without us.
+            // SAFETY: zeroed sigaction with SIG_DFL is valid.
+            let mut dfl: libc::sigaction = unsafe { std::mem::zeroed() };
+            dfl.sa_sigaction = libc::SIG_DFL;
+            // SAFETY: sigaction is async-signal-safe.
+            unsafe { libc::sigaction(sig, &dfl, std::ptr::null_mut()) };
+        }
+    }
+}

@@ -1,0 +1,263 @@
+//! Process-level tests: host threads fault a mapped pcow chain (needs userfaultfd: run as
+//! root or with access to /dev/userfaultfd).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use densevm_pmem::{MapOptions, PmemRegion};
+use pcow::{Chain, CreateOptions, OpenOptions, SharedChain};
+
+const MIB: u64 = 1 << 20;
+const CLUSTER: u64 = 64 << 10;
+
+fn tmpdir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("pmem-test-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn create(path: &Path, size: u64, backing: Option<&str>) {
+    pcow::create_file(
+        path,
+        &CreateOptions {
+            virtual_size: size,
+            cluster_size: CLUSTER,
+            backing: backing.map(str::to_string),
+        },
+    )
+    .unwrap();
+}
+
+fn open(path: &Path) -> Chain {
+    Chain::open(
+        path,
+        OpenOptions {
+            writable: true,
+            ..Default::default()
+        },
+    )
+    .unwrap()
+}
+
+fn map(path: &Path) -> PmemRegion {
+    PmemRegion::map(SharedChain::new(open(path)), MapOptions::default())
+        .expect("mapping needs userfaultfd (root or /dev/userfaultfd access)")
+}
+
+/// The region's bytes. The mapping lives as long as the region; tests use the slice only
+/// while the region is alive.
+fn slice<'a>(r: &PmemRegion) -> &'a mut [u8] {
+    // SAFETY: the region is mapped for its whole size while `r` lives (see above).
+    unsafe { std::slice::from_raw_parts_mut(r.host_addr() as *mut u8, r.size() as usize) }
+}
+
+fn read_chain(path: &Path, offset: u64, len: usize) -> Vec<u8> {
+    let c = Chain::open(path, OpenOptions::default()).unwrap();
+    let mut buf = vec![0u8; len];
+    c.read(offset, &mut buf).unwrap();
+    buf
+}
+
+fn assert_clean(path: &Path) {
+    let report = pcow::check_path(path).unwrap();
+    assert!(
+        report.corruptions.is_empty() && report.leaks.is_empty(),
+        "check of {} found: {:?} {:?}",
+        path.display(),
+        report.corruptions,
+        report.leaks
+    );
+}
+
+#[test]
+fn reads_allocate_nothing_and_writes_expand_thinly() {
+    let dir = tmpdir("thin");
+    let img = dir.join("a.pcow");
+    create(&img, 64 * MIB, None);
+    let len_before = std::fs::metadata(&img).unwrap().len();
+    {
+        let r = map(&img);
+        let m = slice(&r);
+        let sum: u64 = m[..8 * MIB as usize].iter().map(|&b| b as u64).sum();
+        assert_eq!(sum, 0, "unallocated space reads as zeros");
+        assert!(r.stats().read_faults >= 1);
+        for l in 0..128 {
+            assert!(r.chain().lookup(l).is_none(), "read allocated cluster {l}");
+        }
+        m[..MIB as usize].fill(0xab);
+        let s = r.stats();
+        assert_eq!(
+            s.expansions,
+            MIB / CLUSTER,
+            "one expansion per cluster: {s:?}"
+        );
+        assert_eq!(s.cow_units, 0);
+        // Sequential expansion is adjacent in the file: one VMA for the run (+ placeholders).
+        let vmas = r.vma_count().unwrap();
+        assert!(vmas <= 3, "{vmas} VMAs for one contiguous run");
+        r.flush().unwrap();
+    }
+    assert_eq!(read_chain(&img, 0, MIB as usize), vec![0xab; MIB as usize]);
+    assert_eq!(read_chain(&img, MIB, 4096), vec![0; 4096]);
+    assert!(std::fs::metadata(&img).unwrap().len() > len_before);
+    assert_clean(&img);
+    // Persistence: map again and see the data through the mapping.
+    let r = map(&img);
+    assert!(slice(&r)[..MIB as usize].iter().all(|&b| b == 0xab));
+    assert_eq!(r.stats().expansions, 0);
+}
+
+#[test]
+fn writes_to_a_snapshot_copy_4k_and_rollback_restores() {
+    let dir = tmpdir("snap");
+    let img = dir.join("a.pcow");
+    create(&img, 16 * MIB, None);
+    {
+        let mut c = open(&img);
+        c.write(0, &vec![0x11; 2 * MIB as usize]).unwrap();
+        c.flush().unwrap();
+        c.snapshot_create("before").unwrap();
+    }
+    {
+        let r = map(&img);
+        let m = slice(&r);
+        assert!(m[..2 * MIB as usize].iter().all(|&b| b == 0x11));
+        m[4096 + 7] = 0x22;
+        let s = r.stats();
+        assert_eq!((s.cow_faults, s.cow_units), (1, 1), "{s:?}");
+        assert_eq!(m[4096 + 7], 0x22);
+        assert_eq!(m[4096 + 8], 0x11, "rest of the copied unit kept");
+        assert_eq!(m[8192], 0x11);
+        m[4096 + 9] = 0x33; // same unit again: no new copy
+        assert_eq!(r.stats().cow_units, 1);
+        r.flush().unwrap();
+    }
+    let after = read_chain(&img, 0, 3 * 4096);
+    assert_eq!(after[4096 + 7], 0x22);
+    assert_eq!(after[4096 + 9], 0x33);
+    assert_eq!(after[4096 + 8], 0x11);
+    assert_eq!(after[0], 0x11);
+    assert_clean(&img);
+    // Rollback.
+    {
+        let mut c = open(&img);
+        c.snapshot_apply("before").unwrap();
+    }
+    assert_eq!(read_chain(&img, 0, 3 * 4096), vec![0x11; 3 * 4096]);
+    assert_clean(&img);
+}
+
+#[test]
+fn writes_over_a_base_image_leave_the_base_untouched() {
+    let dir = tmpdir("base");
+    let base = dir.join("base.pcow");
+    create(&base, 16 * MIB, None);
+    {
+        let mut c = open(&base);
+        c.write(0, &vec![0x44; MIB as usize]).unwrap();
+        c.flush().unwrap();
+    }
+    let base_bytes = std::fs::read(&base).unwrap();
+    let top = dir.join("top.pcow");
+    create(&top, 16 * MIB, Some("base.pcow"));
+    {
+        let r = map(&top);
+        let m = slice(&r);
+        assert_eq!(m[12345], 0x44);
+        for page in (0..MIB).step_by(4096 * 3) {
+            m[page as usize] = 0x55;
+        }
+        m[2 * MIB as usize] = 0x66; // unallocated everywhere: expansion
+        let s = r.stats();
+        assert_eq!(s.cow_units, MIB.div_ceil(3 * 4096), "{s:?}");
+        assert_eq!(s.expansions, 1);
+        r.flush().unwrap();
+    }
+    assert_eq!(
+        std::fs::read(&base).unwrap(),
+        base_bytes,
+        "base file changed"
+    );
+    let data = read_chain(&top, 0, MIB as usize);
+    for (i, page) in data.chunks(4096).enumerate() {
+        let expect_first = if i % 3 == 0 { 0x55 } else { 0x44 };
+        assert_eq!(page[0], expect_first, "page {i}");
+        assert!(page[1..].iter().all(|&b| b == 0x44), "page {i}");
+    }
+    assert_eq!(read_chain(&top, 2 * MIB, 2), vec![0x66, 0]);
+    assert_clean(&top);
+    assert_clean(&base);
+}
+
+#[test]
+fn concurrent_faults_allocate_and_copy_exactly_once() {
+    let dir = tmpdir("conc");
+    let base = dir.join("base.pcow");
+    create(&base, 32 * MIB, None);
+    {
+        let mut c = open(&base);
+        c.write(0, &vec![0x77; 4 * MIB as usize]).unwrap();
+        c.flush().unwrap();
+    }
+    let top = dir.join("top.pcow");
+    create(&top, 32 * MIB, Some("base.pcow"));
+    const THREADS: u64 = 8;
+    let clusters = 8 * MIB / CLUSTER; // half over the base (CoW), half unallocated
+    {
+        let r = Arc::new(map(&top));
+        let addr = r.host_addr();
+        let handles: Vec<_> = (0..THREADS)
+            .map(|t| {
+                std::thread::spawn(move || {
+                    for l in 0..clusters {
+                        // Every thread writes its own byte of page 0 (shared page) and its
+                        // own page of each cluster.
+                        let shared = addr + l * CLUSTER + t;
+                        let own = addr + l * CLUSTER + (1 + t) * 4096 + 100;
+                        // SAFETY: inside the mapped region.
+                        unsafe {
+                            std::ptr::write_volatile(shared as *mut u8, 0x80 + t as u8);
+                            std::ptr::write_volatile(own as *mut u8, 0x90 + t as u8);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+        let s = r.stats();
+        let lower = 4 * MIB / CLUSTER;
+        assert_eq!(s.expansions, clusters - lower, "{s:?}");
+        assert_eq!(
+            s.cow_units,
+            lower * (THREADS + 1),
+            "each unit copied once: {s:?}"
+        );
+        r.flush().unwrap();
+        let c = r.chain().read();
+        assert_eq!(c.images()[0].slot_count(), clusters, "one slot per cluster");
+    }
+    let data = read_chain(&top, 0, 8 * MIB as usize);
+    for l in 0..clusters as usize {
+        let c = &data[l * CLUSTER as usize..(l + 1) * CLUSTER as usize];
+        let fill = if (l as u64) < 4 * MIB / CLUSTER {
+            0x77
+        } else {
+            0
+        };
+        for t in 0..THREADS as usize {
+            assert_eq!(c[t], 0x80 + t as u8, "cluster {l} shared page byte {t}");
+            let own = (1 + t) * 4096;
+            assert_eq!(
+                c[own + 100],
+                0x90 + t as u8,
+                "cluster {l} page of thread {t}"
+            );
+            assert_eq!(c[own], fill, "cluster {l} page {t} rest");
+        }
+        assert_eq!(c[THREADS as usize], fill);
+    }
+    assert_clean(&top);
+}
