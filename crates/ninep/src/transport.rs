@@ -34,6 +34,11 @@ pub trait FrameReader: Send {
     /// Reads the next frame into `buf` (replacing its contents); frames larger
     /// than `max` are consumed and reported as [`Frame::Oversized`].
     fn read_frame(&mut self, buf: &mut Vec<u8>, max: usize) -> io::Result<Frame>;
+
+    /// True when more input is already buffered (the client pipelined).
+    fn has_buffered(&self) -> bool {
+        false
+    }
 }
 
 /// Sink of response frames, shared by the workers.
@@ -42,11 +47,23 @@ pub trait FrameWriter: Send + Sync {
     fn write_frame(&self, frame: &[u8]) -> io::Result<()>;
 }
 
-/// Frame reader over a byte stream (`size[4]`-delimited frames).
+/// Frame reader over a byte stream (`size[4]`-delimited frames), buffered so
+/// that one read system call picks up every request the client pipelined.
 #[derive(Debug)]
-pub struct StreamReader<R>(pub R);
+pub struct StreamReader<R>(pub io::BufReader<R>);
+
+impl<R: Read> StreamReader<R> {
+    /// Wraps a stream with a 128 KiB read buffer.
+    pub fn new(inner: R) -> Self {
+        StreamReader(io::BufReader::with_capacity(128 * 1024, inner))
+    }
+}
 
 impl<R: Read + Send> FrameReader for StreamReader<R> {
+    fn has_buffered(&self) -> bool {
+        !self.0.buffer().is_empty()
+    }
+
     fn read_frame(&mut self, buf: &mut Vec<u8>, max: usize) -> io::Result<Frame> {
         let mut size = [0u8; 4];
         match self.0.read_exact(&mut size) {
@@ -181,6 +198,7 @@ fn read_loop(
     shared: &Shared,
     opts: DriverOptions,
 ) -> io::Result<()> {
+    let mut out = Vec::with_capacity(64 * 1024);
     loop {
         let mut frame = Vec::new();
         // The limit is re-read each time: Tversion may lower it.
@@ -211,6 +229,18 @@ fn read_loop(
             continue;
         }
         let mut q = shared.lock();
+        if q.jobs.is_empty() && q.inflight.is_empty() && !reader.has_buffered() {
+            // Nothing else outstanding and the client is waiting for this
+            // reply: serve it here and save a thread hand-off.
+            drop(q);
+            out.clear();
+            session.handle(&frame, &mut out);
+            writer.write_frame(&out)?;
+            if out.capacity() > 1 << 20 {
+                out = Vec::with_capacity(64 * 1024);
+            }
+            continue;
+        }
         while q.jobs.len() >= opts.max_queued {
             q = shared.space.wait(q).unwrap_or_else(|p| p.into_inner());
         }
@@ -368,7 +398,12 @@ impl Listener {
 pub fn serve_unix_stream(server: &Arc<Server>, s: UnixStream, opts: DriverOptions) {
     let result = s.try_clone().and_then(|w| {
         let writer: Arc<dyn FrameWriter> = Arc::new(StreamWriter(Mutex::new(w)));
-        serve_connection(Arc::new(server.session()), StreamReader(s), writer, opts)
+        serve_connection(
+            Arc::new(server.session()),
+            StreamReader::new(s),
+            writer,
+            opts,
+        )
     });
     if let Err(e) = result {
         tracing::warn!(error = %e, "9p connection ended with an error");
@@ -380,7 +415,12 @@ pub fn serve_tcp_stream(server: &Arc<Server>, s: TcpStream, opts: DriverOptions)
     let _ = s.set_nodelay(true);
     let result = s.try_clone().and_then(|w| {
         let writer: Arc<dyn FrameWriter> = Arc::new(StreamWriter(Mutex::new(w)));
-        serve_connection(Arc::new(server.session()), StreamReader(s), writer, opts)
+        serve_connection(
+            Arc::new(server.session()),
+            StreamReader::new(s),
+            writer,
+            opts,
+        )
     });
     if let Err(e) = result {
         tracing::warn!(error = %e, "9p connection ended with an error");

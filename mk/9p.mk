@@ -1,0 +1,47 @@
+# 9P2000.L file server (issue 6).
+#   make test-9p     Go client workload suite (tests/9p) + Linux v9fs in the nested lab
+#   make bench-9p    densevm vs diod, same Go client, same run (docs/benchmarks.md "## 9p")
+#   make fuzz-9p     bounded cargo-fuzz run of the codec (needs cargo-fuzz; see below)
+NINEP_DENSEVM ?= $(abspath $(or $(CARGO_TARGET_DIR),target)/release/densevm)
+NINEP_GO ?= go
+# Benchmark tree (generated once, cached): ~100k small files + a 1 GiB file.
+NINEP_BENCH_DIR ?= $(CURDIR)/build/9p-bench
+NINEP_BENCH_FILES ?= 100000
+NINEP_FUZZ_SECONDS ?= 60
+# trans=unix needs 9pnet_fd.ko, which the lab's L1 image does not load by default.
+ninep_fd_ko = $(shell ls build/guest/pkg/lib/modules/*/kernel/net/9p/9pnet_fd.ko 2>/dev/null | head -1)
+
+.PHONY: deps-9p test-9p test-9p-go test-9p-lab bench-9p fuzz-9p
+
+# Go (tests/9p pins its modules in go.mod/go.sum) and diod (apt, for the benchmark).
+deps-9p: deps
+	@command -v $(NINEP_GO) >/dev/null || { echo "deps-9p: installing golang-go"; \
+	  apt-get install -y -qq --no-install-recommends golang-go >/dev/null; }
+	@command -v diod >/dev/null || { echo "deps-9p: installing diod"; \
+	  apt-get install -y -qq --no-install-recommends diod >/dev/null; }
+	cd tests/9p && $(NINEP_GO) mod download
+
+test-9p-go: build deps-9p
+	cd tests/9p && DENSEVM_BIN=$(NINEP_DENSEVM) $(NINEP_GO) test -count=1 -timeout 600s ./...
+
+test-9p-lab: guest
+	@ko="$(ninep_fd_ko)"; [ -n "$$ko" ] || { echo "test-9p-lab: 9pnet_fd.ko not found under build/guest/pkg (run 'make guest')"; exit 1; }; \
+	DENSEVM=$(NINEP_DENSEVM) LAB_EXTRA="$$ko" LAB_TIMEOUT=$${LAB_TIMEOUT:-900} lab/run lab/tests/9p-v9fs.sh
+
+test-9p: test-9p-go test-9p-lab
+
+# lab.mk's test-lab runs every lab/tests/*.sh, ours included: hand it the module too.
+test-lab lab: export LAB_EXTRA += $(ninep_fd_ko)
+
+bench-9p: build deps-9p
+	cd tests/9p && $(NINEP_GO) run ./cmd/bench -densevm $(NINEP_DENSEVM) -dir $(NINEP_BENCH_DIR) \
+	  -files $(NINEP_BENCH_FILES) -out $(CURDIR)/build/9p-bench.md
+	@cat build/9p-bench.md
+
+# cargo-fuzz needs nightly features; RUSTC_BOOTSTRAP=1 lets the stable toolchain build it.
+fuzz-9p:
+	@command -v cargo-fuzz >/dev/null || { echo "fuzz-9p: cargo-fuzz missing; run: RUSTC_BOOTSTRAP=1 cargo install cargo-fuzz"; exit 1; }
+	cd crates/ninep/fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run codec -- -max_total_time=$(NINEP_FUZZ_SECONDS) -rss_limit_mb=2048
+
+TEST_TARGETS += test-9p
+BENCH_TARGETS += bench-9p
