@@ -121,6 +121,26 @@ pub struct Chain {
 
 const SLOT_BITS: u64 = 40;
 
+/// Remembers the last epoch → layer lookup (entries of one epoch are usually together).
+#[derive(Default)]
+struct EpochCache {
+    last: Option<(u32, Option<usize>)>,
+}
+
+impl EpochCache {
+    #[inline]
+    fn get(&mut self, map: &HashMap<u32, usize>, epoch: u32) -> Option<usize> {
+        match self.last {
+            Some((e, l)) if e == epoch => l,
+            _ => {
+                let l = map.get(&epoch).copied();
+                self.last = Some((epoch, l));
+                l
+            }
+        }
+    }
+}
+
 fn pack(layer: usize, slot: u64) -> u64 {
     ((layer as u64) << SLOT_BITS) | slot
 }
@@ -224,9 +244,10 @@ impl Chain {
         }
         let mut counts = vec![0u64; layers.len()];
         for (i, img) in self.images.iter().enumerate() {
+            let mut cache = EpochCache::default();
             for m in &img.slots {
                 if matches!(m.kind, EntryKind::Data | EntryKind::Zero) {
-                    if let Some(&l) = epoch_layer[i].get(&m.epoch) {
+                    if let Some(l) = cache.get(&epoch_layer[i], m.epoch) {
                         counts[l] += 1;
                     }
                 }
@@ -237,11 +258,12 @@ impl Chain {
         }
         let mut merged = ClusterMap::with_expected(vclusters, counts.iter().sum());
         for (i, img) in self.images.iter().enumerate() {
+            let mut cache = EpochCache::default();
             for (slot, m) in img.slots.iter().enumerate() {
                 if !matches!(m.kind, EntryKind::Data | EntryKind::Zero) || m.logical >= vclusters {
                     continue;
                 }
-                let Some(&l) = epoch_layer[i].get(&m.epoch) else {
+                let Some(l) = cache.get(&epoch_layer[i], m.epoch) else {
                     continue;
                 };
                 if layers[l].index.get(m.logical).is_some() {
@@ -452,6 +474,8 @@ impl Chain {
             let was_zero_kind = !newly && self.images[0].slot(slot).kind == EntryKind::Zero;
             let first = (in_cluster / UNIT_SIZE) as u32;
             let last = ((in_cluster + n as u64 - 1) / UNIT_SIZE) as u32;
+            // Units written directly are coalesced into one write per contiguous span.
+            let mut span: Option<(u64, u64)> = None;
             for u in first..=last {
                 let ustart = u as u64 * UNIT_SIZE;
                 let lo = in_cluster.max(ustart);
@@ -459,8 +483,12 @@ impl Chain {
                 let src = &piece[(lo - in_cluster) as usize..(hi - in_cluster) as usize];
                 let valid = bitmap[(u / 64) as usize] & (1 << (u % 64)) != 0;
                 if valid || (lo == ustart && hi == ustart + UNIT_SIZE) {
-                    self.images[0].write_data(slot, lo, src)?;
+                    span = Some((span.map_or(lo, |s| s.0), hi));
                 } else {
+                    if let Some((a, b)) = span.take() {
+                        let bytes = &piece[(a - in_cluster) as usize..(b - in_cluster) as usize];
+                        self.images[0].write_data(slot, a, bytes)?;
+                    }
                     // Partial write of a unit held below: copy the unit up, then merge.
                     let below = if top == 0 {
                         UnitSource::Zero
@@ -472,6 +500,10 @@ impl Chain {
                     self.images[0].write_data(slot, ustart, &unit_buf)?;
                 }
                 bitmap[(u / 64) as usize] |= 1 << (u % 64);
+            }
+            if let Some((a, b)) = span {
+                let bytes = &piece[(a - in_cluster) as usize..(b - in_cluster) as usize];
+                self.images[0].write_data(slot, a, bytes)?;
             }
             let changed =
                 newly || was_zero_kind || bitmap.as_slice() != self.images[0].bitmap(slot);

@@ -17,6 +17,8 @@ pub const MAX_BACKING_NAME: usize = 1024;
 pub const SNAPSHOT_RECORD_SIZE: usize = 512;
 /// Maximum length in bytes of a snapshot name.
 pub const MAX_SNAPSHOT_NAME: usize = 256;
+/// Offset of the bitmap in an entry copy (the checksum is in the last 4 bytes).
+pub const BITMAP_OFFSET: usize = 20;
 /// Copy-on-write granularity: one validity bit per 4 KiB unit.
 pub const UNIT_SIZE: u64 = 4096;
 /// Smallest and largest supported cluster size (log2).
@@ -320,43 +322,112 @@ impl Entry {
         b[12] = self.kind.code();
         put_u32(&mut b, 16, self.seq);
         for (i, w) in self.bitmap.iter().enumerate() {
-            put_u64(&mut b, 24 + 8 * i, *w);
+            put_u64(&mut b, BITMAP_OFFSET + 8 * i, *w);
         }
-        let crc = checksum(&b) ^ 0xffff_ffff;
-        put_u32(&mut b, 20, crc);
+        let end = b.len() - 4;
+        let crc = checksum(&b[..end]) ^ 0xffff_ffff;
+        put_u32(&mut b, end, crc);
         b
     }
 
     /// Decodes one slot, checking checksum and field ranges.
     pub fn decode(b: &[u8], geo: &Geometry) -> SlotState {
-        if b.iter().all(|&x| x == 0) {
-            return SlotState::Empty;
+        match decode_raw(b, &geo.full_bitmap()) {
+            RawSlot::Empty => SlotState::Empty,
+            RawSlot::Torn => SlotState::Torn,
+            RawSlot::Valid(e) => SlotState::Valid(Entry {
+                logical: e.logical,
+                epoch: e.epoch,
+                kind: e.kind,
+                seq: e.seq,
+                bitmap: e.bitmap[..geo.bitmap_words()].to_vec(),
+            }),
         }
-        let stored = get_u32(b, 20);
-        let mut copy = [0u8; 128];
-        let copy = &mut copy[..b.len()];
-        copy.copy_from_slice(b);
-        copy[20..24].fill(0);
-        if checksum(copy) ^ 0xffff_ffff != stored {
-            return SlotState::Torn;
-        }
-        let Some(kind) = EntryKind::from_code(b[12]) else {
-            return SlotState::Torn;
-        };
-        let words = geo.bitmap_words();
-        let bitmap: Vec<u64> = (0..words).map(|i| get_u64(b, 24 + 8 * i)).collect();
-        let full = geo.full_bitmap();
-        if bitmap.iter().zip(&full).any(|(w, f)| w & !f != 0) {
-            return SlotState::Torn;
-        }
-        SlotState::Valid(Entry {
-            logical: get_u64(b, 0),
-            epoch: get_u32(b, 8),
-            kind,
-            seq: get_u32(b, 16),
-            bitmap,
-        })
     }
+}
+
+/// An entry copy decoded without allocation (bitmap in a fixed array of 8 words).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RawEntry {
+    /// Logical cluster number (or snapshot flags).
+    pub logical: u64,
+    /// Owning epoch.
+    pub epoch: u32,
+    /// Entry kind.
+    pub kind: EntryKind,
+    /// Update sequence number.
+    pub seq: u32,
+    /// Validity bitmap (only the first `Geometry::bitmap_words()` words are used).
+    pub bitmap: [u64; 8],
+}
+
+/// Checks one entry copy's checksum only: 0 = empty, 1 = torn, 2 = checksum valid.
+#[inline]
+pub fn copy_state(b: &[u8]) -> u8 {
+    let end = b.len() - 4;
+    let stored = get_u32(b, end);
+    if stored == 0 && b.iter().all(|&x| x == 0) {
+        0
+    } else if checksum(&b[..end]) ^ 0xffff_ffff != stored {
+        1
+    } else {
+        2
+    }
+}
+
+/// Sequence number of an entry copy (no validation).
+#[inline]
+pub fn copy_seq(b: &[u8]) -> u32 {
+    get_u32(b, 16)
+}
+
+/// Result of [`decode_raw`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RawSlot {
+    /// All zero.
+    Empty,
+    /// Checksum or field check failed.
+    Torn,
+    /// A valid copy.
+    Valid(RawEntry),
+}
+
+/// Decodes one entry copy like [`Entry::decode`], without allocating; `full` is
+/// `geo.full_bitmap()`.
+#[inline]
+pub fn decode_raw(b: &[u8], full: &[u64]) -> RawSlot {
+    let end = b.len() - 4;
+    let stored = get_u32(b, end);
+    if stored == 0 && b.iter().all(|&x| x == 0) {
+        return RawSlot::Empty;
+    }
+    if checksum(&b[..end]) ^ 0xffff_ffff != stored {
+        return RawSlot::Torn;
+    }
+    parse_checked(b, full)
+}
+
+/// Parses a copy whose checksum was already verified (see [`copy_state`]).
+#[inline]
+pub fn parse_checked(b: &[u8], full: &[u64]) -> RawSlot {
+    let Some(kind) = EntryKind::from_code(b[12]) else {
+        return RawSlot::Torn;
+    };
+    let mut bitmap = [0u64; 8];
+    for (i, f) in full.iter().enumerate() {
+        let w = get_u64(b, BITMAP_OFFSET + 8 * i);
+        if w & !f != 0 {
+            return RawSlot::Torn;
+        }
+        bitmap[i] = w;
+    }
+    RawSlot::Valid(RawEntry {
+        logical: get_u64(b, 0),
+        epoch: get_u32(b, 8),
+        kind,
+        seq: get_u32(b, 16),
+        bitmap,
+    })
 }
 
 /// Returns true if sequence number `a` is newer than `b` (serial-number arithmetic).

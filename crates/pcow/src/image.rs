@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use crate::error::{PcowError, Result};
 use crate::format::{
-    seq_newer, Entry, EntryKind, Geometry, Header, SlotState, SnapshotRecord, HEADER_SLOT_SIZE,
-    MAX_SLOTS, SNAPSHOT_RECORD_SIZE,
+    copy_seq, copy_state, parse_checked, seq_newer, Entry, EntryKind, Geometry, Header, RawSlot,
+    SnapshotRecord, HEADER_SLOT_SIZE, MAX_SLOTS, SNAPSHOT_RECORD_SIZE,
 };
 use crate::storage::Storage;
 
@@ -156,81 +156,39 @@ impl Image {
         let words = geo.bitmap_words();
         self.slots = Vec::with_capacity(nslots as usize);
         self.bitmaps = vec![0u64; nslots as usize * words];
-        let slot_size = geo.slot_size as usize;
-        let mut meta = vec![0u8; geo.cluster_size() as usize];
         let vclusters = self.virtual_clusters();
-        for seg in 0..segments {
-            self.storage.read_at(&mut meta, geo.meta_offset(seg))?;
-            for j in 0..geo.entries_per_meta as usize {
-                let slot = seg * geo.entries_per_meta + j as u64;
-                let pair = &meta[j * 2 * slot_size..(j + 1) * 2 * slot_size];
-                let s0 = Entry::decode(&pair[..slot_size], &geo);
-                let s1 = Entry::decode(&pair[slot_size..], &geo);
-                let pick = match (s0, s1) {
-                    (SlotState::Valid(a), SlotState::Valid(b)) => {
-                        if seq_newer(b.seq, a.seq) {
-                            Some((b, 1))
-                        } else {
-                            Some((a, 0))
-                        }
-                    }
-                    (SlotState::Valid(a), _) => Some((a, 0)),
-                    (_, SlotState::Valid(b)) => Some((b, 1)),
-                    (SlotState::Torn, SlotState::Torn) => {
-                        self.problems.push(Problem {
-                            corruption: true,
-                            slot: Some(slot),
-                            what: format!(
-                                "entry at offset {} has no valid copy",
-                                geo.entry_offset(slot)
-                            ),
-                        });
-                        self.bad_slots.insert(slot);
-                        None
-                    }
-                    (SlotState::Empty, SlotState::Empty) => None,
-                    (t0, _) => {
-                        // One torn copy and one never-written copy: an interrupted first write.
-                        self.problems.push(Problem {
-                            corruption: false,
-                            slot: Some(slot),
-                            what: "interrupted first write of an entry".into(),
-                        });
-                        let mut m = EMPTY_SLOT;
-                        m.active = if t0 == SlotState::Torn { 1 } else { 0 };
-                        self.slots.push(m);
-                        continue;
-                    }
-                };
-                let Some((e, active)) = pick else {
-                    self.slots.push(EMPTY_SLOT);
-                    continue;
-                };
-                if matches!(e.kind, EntryKind::Data | EntryKind::Zero) && e.logical >= vclusters {
-                    {
-                        self.problems.push(Problem {
-                            corruption: true,
-                            slot: Some(slot),
-                            what: format!(
-                                "entry maps logical cluster {} beyond the virtual size",
-                                e.logical
-                            ),
-                        });
-                        self.bad_slots.insert(slot);
-                        self.slots.push(EMPTY_SLOT);
-                        continue;
-                    }
-                }
-                let at = slot as usize * words;
-                self.bitmaps[at..at + words].copy_from_slice(&e.bitmap);
-                self.slots.push(SlotMeta {
-                    logical: e.logical,
-                    epoch: e.epoch,
-                    kind: e.kind,
-                    seq: e.seq,
-                    active,
-                });
-            }
+        let full = geo.full_bitmap();
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(4) as u64;
+        let chunks = if segments >= 64 { threads } else { 1 };
+        let per = segments.div_ceil(chunks.max(1)).max(1);
+        let storage = self.storage.clone();
+        let parts: Vec<Result<ScanPart>> = std::thread::scope(|sc| {
+            let handles: Vec<_> = (0..chunks)
+                .map(|c| {
+                    let segs = (c * per).min(segments)..((c + 1) * per).min(segments);
+                    let (st, full) = (&storage, &full);
+                    sc.spawn(move || scan_part(st.as_ref(), geo, segs, vclusters, full))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(PcowError::InvalidParameter("scan thread panicked".into()))
+                    })
+                })
+                .collect()
+        });
+        for (c, part) in parts.into_iter().enumerate() {
+            let part = part?;
+            let base = c as u64 * per * geo.entries_per_meta;
+            let at = base as usize * words;
+            self.bitmaps[at..at + part.bitmaps.len()].copy_from_slice(&part.bitmaps);
+            self.slots.extend_from_slice(&part.slots);
+            self.problems.extend(part.problems);
+            self.bad_slots.extend(part.bad_slots);
         }
         // Slots whose data starts at or beyond the end are known zero: the tail.
         let mut tail = nslots;
@@ -508,4 +466,123 @@ impl Image {
     pub fn is_writable(&self) -> bool {
         self.writable
     }
+}
+
+/// Entries decoded from a range of segments (scanned in parallel at open).
+#[derive(Default)]
+struct ScanPart {
+    slots: Vec<SlotMeta>,
+    bitmaps: Vec<u64>,
+    problems: Vec<Problem>,
+    bad_slots: BTreeSet<u64>,
+}
+
+fn scan_part(
+    storage: &dyn Storage,
+    geo: Geometry,
+    segs: std::ops::Range<u64>,
+    vclusters: u64,
+    full: &[u64],
+) -> Result<ScanPart> {
+    let words = geo.bitmap_words();
+    let first_slot = segs.start * geo.entries_per_meta;
+    let n = (segs.end - segs.start) * geo.entries_per_meta;
+    let mut part = ScanPart {
+        slots: Vec::with_capacity(n as usize),
+        bitmaps: vec![0u64; n as usize * words],
+        ..Default::default()
+    };
+    let slot_size = geo.slot_size as usize;
+    let mut meta = vec![0u8; geo.cluster_size() as usize];
+    for seg in segs.clone() {
+        storage.read_at(&mut meta, geo.meta_offset(seg))?;
+        for j in 0..geo.entries_per_meta as usize {
+            let slot = seg * geo.entries_per_meta + j as u64;
+            let pair = &meta[j * 2 * slot_size..(j + 1) * 2 * slot_size];
+            let (c0, c1) = (&pair[..slot_size], &pair[slot_size..]);
+            let (v0, v1) = (copy_state(c0), copy_state(c1));
+            let pick = match (v0, v1) {
+                (2, 2) => {
+                    if seq_newer(copy_seq(c1), copy_seq(c0)) {
+                        Some(1u8)
+                    } else {
+                        Some(0)
+                    }
+                }
+                (2, _) => Some(0),
+                (_, 2) => Some(1),
+                (0, 0) => None,
+                (1, 1) => {
+                    part.problems.push(Problem {
+                        corruption: true,
+                        slot: Some(slot),
+                        what: format!(
+                            "entry at offset {} has no valid copy",
+                            geo.entry_offset(slot)
+                        ),
+                    });
+                    part.bad_slots.insert(slot);
+                    None
+                }
+                (t0, _) => {
+                    // One torn copy and one never-written copy: an interrupted first write.
+                    part.problems.push(Problem {
+                        corruption: false,
+                        slot: Some(slot),
+                        what: "interrupted first write of an entry".into(),
+                    });
+                    let mut m = EMPTY_SLOT;
+                    m.active = if t0 == 1 { 1 } else { 0 };
+                    part.slots.push(m);
+                    continue;
+                }
+            };
+            let Some(active) = pick else {
+                part.slots.push(EMPTY_SLOT);
+                continue;
+            };
+            let chosen = if active == 0 { c0 } else { c1 };
+            // A checksum-valid copy with an unknown kind or bitmap bits beyond the
+            // cluster is treated as damaged.
+            let e = match parse_checked(chosen, full) {
+                RawSlot::Valid(e) => e,
+                _ => {
+                    part.problems.push(Problem {
+                        corruption: true,
+                        slot: Some(slot),
+                        what: format!(
+                            "entry at offset {} has invalid fields",
+                            geo.entry_offset(slot)
+                        ),
+                    });
+                    part.bad_slots.insert(slot);
+                    part.slots.push(EMPTY_SLOT);
+                    continue;
+                }
+            };
+            if matches!(e.kind, EntryKind::Data | EntryKind::Zero) && e.logical >= vclusters {
+                part.problems.push(Problem {
+                    corruption: true,
+                    slot: Some(slot),
+                    what: format!(
+                        "entry maps logical cluster {} beyond the virtual size",
+                        e.logical
+                    ),
+                });
+                part.bad_slots.insert(slot);
+                part.slots.push(EMPTY_SLOT);
+                continue;
+            }
+            let at = (slot - first_slot) as usize * words;
+            part.bitmaps[at..at + words].copy_from_slice(&e.bitmap[..words]);
+            part.slots.push(SlotMeta {
+                logical: e.logical,
+                epoch: e.epoch,
+                kind: e.kind,
+                seq: e.seq,
+                active,
+            });
+        }
+    }
+    Ok(part)
 }

@@ -75,7 +75,14 @@ fn base_chain_of_depth_four_on_files() {
             backing: prev.clone(),
         };
         pcow::create_file(&dir.join(&name), &opts).unwrap();
-        let mut c = Chain::open(&dir.join(&name), OpenOptions { writable: true, ..Default::default() }).unwrap();
+        let mut c = Chain::open(
+            &dir.join(&name),
+            OpenOptions {
+                writable: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
         let data = pattern(level as u8 + 1, 5000);
         let off = level * CS + level * 100;
         c.write(off, &data).unwrap();
@@ -153,7 +160,10 @@ fn concurrent_allocation_happens_exactly_once_and_is_adjacent() {
     offsets.dedup();
     assert_eq!(offsets.len(), 256, "distinct clusters");
     let adjacent = offsets.windows(2).filter(|w| w[1] - w[0] == CS).count();
-    assert!(adjacent >= 250, "allocations are mostly adjacent: {adjacent}/255");
+    assert!(
+        adjacent >= 250,
+        "allocations are mostly adjacent: {adjacent}/255"
+    );
 }
 
 /// Builds a small valid image with snapshots and returns its bytes.
@@ -178,7 +188,10 @@ fn try_open_and_check(bytes: &[u8]) {
             let _ = c.check();
             let mut buf = vec![0u8; 4096];
             for l in 0..c.virtual_clusters().min(64) {
-                let _ = c.read(l * c.cluster_size(), &mut buf[..c.cluster_size().min(4096) as usize]);
+                let _ = c.read(
+                    l * c.cluster_size(),
+                    &mut buf[..c.cluster_size().min(4096) as usize],
+                );
             }
         }
     }
@@ -200,7 +213,19 @@ fn corrupted_image_corpus_never_panics() {
         rng
     };
     // Truncations.
-    for cut in [0, 7, 100, 2047, 2048, 4095, 4096, 4097, 8191, 8192, good.len() / 2] {
+    for cut in [
+        0,
+        7,
+        100,
+        2047,
+        2048,
+        4095,
+        4096,
+        4097,
+        8191,
+        8192,
+        good.len() / 2,
+    ] {
         try_open_and_check(&good[..cut.min(good.len())]);
     }
     // Single-byte and multi-byte corruption of headers, entries and records.
@@ -237,7 +262,9 @@ fn corrupted_image_corpus_never_panics() {
         *x ^= 0x5a;
     }
     let st: Arc<dyn Storage> = Arc::new(MemStorage::from_bytes("c", &b));
-    let err = open_chain(std::slice::from_ref(&st)).err().expect("open must fail");
+    let err = open_chain(std::slice::from_ref(&st))
+        .err()
+        .expect("open must fail");
     assert!(err.to_string().contains("no valid copy"), "{err}");
     let img = Image::open(st.clone(), true).unwrap();
     assert_eq!(pcow::check::check_image(&img).exit_code(), 2);
@@ -251,4 +278,27 @@ fn corrupted_image_corpus_never_panics() {
         .err()
         .expect("not an image");
     assert!(err.to_string().contains("not a pcow image"), "{err}");
+}
+
+#[test]
+fn parallel_scan_of_many_segments_matches_writes() {
+    // 4 KiB clusters: 64 entries per meta cluster, so 5000 clusters span 79 segments
+    // (the scan is split over threads above 64 segments).
+    let s = mem("many");
+    let n = 5000u64;
+    create_in(s.clone(), 4096, n * 4096, None);
+    let mut c = open_chain(std::slice::from_ref(&s)).unwrap();
+    for l in 0..n {
+        c.write(((l * 37) % n) * 4096 + 5, &(l as u32).to_le_bytes())
+            .unwrap();
+    }
+    c.flush().unwrap();
+    drop(c);
+    let c = open_chain(std::slice::from_ref(&s)).unwrap();
+    for l in 0..n {
+        let mut b = [0u8; 4];
+        c.read(((l * 37) % n) * 4096 + 5, &mut b).unwrap();
+        assert_eq!(u32::from_le_bytes(b), l as u32);
+    }
+    assert_eq!(c.check().exit_code(), 0);
 }

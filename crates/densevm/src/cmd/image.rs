@@ -565,7 +565,7 @@ fn raw_to_pcow(src: &Path, dst: &Path, cs: u64, progress: bool) -> anyhow::Resul
     let mut chain = open_rw(dst, false)?;
     let mut report = progress_fn("convert", progress);
     // Large batches: one data flush per batch, not per cluster.
-    let batch = (cs * 64).max(4 << 20);
+    let batch = (cs * 64).max(32 << 20);
     let mut buf = vec![0u8; batch as usize];
     let mut at = 0u64;
     while at < size {
