@@ -35,3 +35,21 @@ wait_for_line() {
 uptime_s() {
   cut -d' ' -f1 /proc/uptime
 }
+
+# mapping_kb PID PATH: sums the smaps fields of every mapping of file PATH in process
+# PID and prints "rss pss shared_clean private_clean private_dirty" in kB.
+mapping_kb() {
+  awk -v path="$2" '
+    /^[0-9a-f]+-[0-9a-f]+ / { inside = ($6 == path); next }
+    inside && $1 == "Rss:" { rss += $2 }
+    inside && $1 == "Pss:" { pss += $2 }
+    inside && $1 == "Shared_Clean:" { sc += $2 }
+    inside && $1 == "Private_Clean:" { pc += $2 }
+    inside && $1 == "Private_Dirty:" { pd += $2 }
+    END { printf "%d %d %d %d %d\n", rss, pss, sc, pc, pd }' "/proc/$1/smaps"
+}
+
+# uss_kb PID: Private_Clean + Private_Dirty of the whole process, in kB.
+uss_kb() {
+  awk '$1 == "Private_Clean:" || $1 == "Private_Dirty:" { s += $2 } END { print s + 0 }' "/proc/$1/smaps_rollup"
+}
