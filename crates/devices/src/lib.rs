@@ -12,8 +12,10 @@ pub use bus::{Bus, BusDevice, BusError};
 pub enum GuestRequest {
     /// The guest asked to end the VM with this process exit code (debug-exit port).
     Exit(u8),
-    /// The guest asked for a reset (i8042 0xfe); densevm ends the VM.
+    /// The guest asked for a reset (i8042 0xfe, ACPI reset register); densevm ends the VM.
     Reset,
+    /// The guest powered off (ACPI S5).
+    PowerOff,
     /// The guest recorded a boot trace mark.
     TraceMark(u8),
     /// The probe guest hit a CPU exception with this vector.

@@ -1,14 +1,14 @@
 //! Building a VM from a [`VmConfig`] and running it to completion.
 
 use crate::arch::cpuid::vcpu_cpuid;
-use crate::boot::{probe, EntryState};
+use crate::boot::{linux, probe, EntryState};
 use crate::memory::{Backing, GuestMemory, MemoryError, RegionSpec};
 use crate::report::{memory_report, MemoryReport};
 use crate::trace::{mark_name, BootTrace};
 use crate::vstate::kick;
 use crate::vstate::vcpu::{Vcpu, VcpuEvent, VcpuFailure, VcpuShared};
 use crate::vstate::vm::{Vm, VmError};
-use densevm_devices::legacy::{self, DebugPort, Serial, I8042};
+use densevm_devices::legacy::{self, AcpiPm, DebugPort, Serial, I8042};
 use densevm_devices::{Bus, GuestRequest};
 use densevm_probe::Command;
 use kvm_bindings::KVM_MAX_CPUID_ENTRIES;
@@ -31,6 +31,15 @@ pub const HIGH_RAM_START: u64 = 4 << 30;
 pub enum Payload {
     /// The built-in probe guest with a parsed script.
     Probe(Vec<Command>),
+    /// A Linux kernel (PVH ELF vmlinux or bzImage), optional initrd, command line.
+    Linux {
+        /// Kernel image path.
+        kernel: std::path::PathBuf,
+        /// Initrd path.
+        initrd: Option<std::path::PathBuf>,
+        /// Kernel command line.
+        cmdline: String,
+    },
 }
 
 /// A guest-physical region whose host memory another component maps and serves
@@ -171,6 +180,9 @@ pub enum VmmError {
     /// The probe could not be loaded.
     #[error(transparent)]
     Probe(#[from] probe::ProbeLoadError),
+    /// The Linux kernel or initrd could not be loaded.
+    #[error(transparent)]
+    Linux(#[from] linux::LinuxBootError),
     /// A configuration value is out of range.
     #[error("invalid configuration: {0}")]
     Config(String),
@@ -265,6 +277,26 @@ fn set_entry_state(fd: &VcpuFd, index: u32, entry: &dyn EntryState) -> Result<()
     Ok(())
 }
 
+/// Local APIC LINT0 as ExtINT (the PIC's output) and LINT1 as NMI, as firmware leaves them.
+fn set_lapic_lints(fd: &VcpuFd) -> Result<(), kvm_ioctls::Error> {
+    const APIC_LVT0: usize = 0x350;
+    const APIC_LVT1: usize = 0x360;
+    const APIC_MODE_EXTINT: u32 = 0x7;
+    const APIC_MODE_NMI: u32 = 0x4;
+    let mut lapic = fd.get_lapic()?;
+    for (offset, mode) in [(APIC_LVT0, APIC_MODE_EXTINT), (APIC_LVT1, APIC_MODE_NMI)] {
+        let mut raw = [0u8; 4];
+        for (i, b) in raw.iter_mut().enumerate() {
+            *b = lapic.regs[offset + i] as u8;
+        }
+        let value = (u32::from_le_bytes(raw) & !0x700) | (mode << 8);
+        for (i, b) in value.to_le_bytes().iter().enumerate() {
+            lapic.regs[offset + i] = *b as _;
+        }
+    }
+    fd.set_lapic(&lapic)
+}
+
 /// Builds the VM described by `config` and runs it until it ends.
 pub fn run_vm(config: VmConfig) -> Result<RunOutcome, VmmError> {
     let mut trace = BootTrace::new(config.origin);
@@ -278,9 +310,24 @@ pub fn run_vm(config: VmConfig) -> Result<RunOutcome, VmmError> {
         what: "installing the vCPU kick signal handler",
         source,
     })?;
-    let vm = Vm::new()?;
+    let mut vm = Vm::new()?;
     let placed = place_external_regions(config.memory_bytes, &config.external_regions);
-    let mut specs = ram_specs(config.memory_bytes);
+    let low_end = config.memory_bytes.min(LOW_RAM_END);
+    let high = config.memory_bytes - low_end;
+    let mut linux_plan = match &config.payload {
+        Payload::Linux { kernel, initrd, .. } => Some(linux::plan(
+            kernel,
+            initrd.as_deref(),
+            low_end,
+            high,
+            HIGH_RAM_START,
+        )?),
+        Payload::Probe(_) => None,
+    };
+    let mut specs = match linux_plan.as_mut() {
+        Some(plan) => std::mem::take(&mut plan.regions),
+        None => ram_specs(config.memory_bytes),
+    };
     for (region, (name, gpa, size)) in config.external_regions.iter().zip(&placed) {
         specs.push(RegionSpec {
             name: name.clone(),
@@ -294,14 +341,29 @@ pub fn run_vm(config: VmConfig) -> Result<RunOutcome, VmmError> {
     let memory = GuestMemory::new(specs)?;
     vm.register_memory(&memory)?;
 
-    let serial_irq = EventFd::new(libc::EFD_NONBLOCK).map_err(|source| VmmError::Host {
-        what: "eventfd",
-        source,
-    })?;
+    // Linux takes interrupts: in-kernel PIC/IOAPIC/LAPIC and PIT. The probe needs none
+    // and runs without, so its HLT exits to the VMM.
+    let linux = linux_plan.is_some();
+    if linux {
+        vm.create_irqchip()?;
+    }
+    let host_err = |what| move |source| VmmError::Host { what, source };
+    let serial_irq = EventFd::new(libc::EFD_NONBLOCK).map_err(host_err("eventfd"))?;
+    if linux {
+        vm.fd()
+            .register_irqfd(&serial_irq, legacy::COM1_GSI)
+            .map_err(|source| {
+                VmmError::Vm(crate::vstate::vm::VmError::Kvm {
+                    what: "KVM_IRQFD (serial)",
+                    source,
+                })
+            })?;
+    }
     let mut pio = Bus::new();
     let bus_err = |e: densevm_devices::BusError| VmmError::Config(e.to_string());
+    let serial_evt = serial_irq.try_clone().map_err(host_err("eventfd clone"))?;
     pio.insert(
-        Arc::new(Mutex::new(Serial::new(serial_irq, config.console))),
+        Arc::new(Mutex::new(Serial::new(serial_evt, config.console))),
         legacy::COM1_BASE,
         legacy::SERIAL_LEN,
     )
@@ -318,31 +380,62 @@ pub fn run_vm(config: VmConfig) -> Result<RunOutcome, VmmError> {
         legacy::DEBUG_PORT_LEN,
     )
     .map_err(bus_err)?;
+    if linux {
+        pio.insert(
+            Arc::new(Mutex::new(AcpiPm)),
+            legacy::ACPI_PM_BASE,
+            legacy::ACPI_PM_LEN,
+        )
+        .map_err(bus_err)?;
+    }
 
-    // The probe needs no interrupts; it runs without an irqchip so HLT exits to us.
-    let Payload::Probe(script) = &config.payload;
     let fds = (0..config.cpus)
         .map(|i| create_vcpu(&vm, i, config.cpus))
         .collect::<Result<Vec<_>, _>>()?;
-    let tsc_khz = fds[0]
-        .get_tsc_khz()
-        .map(u64::from)
-        .unwrap_or_else(|_| host_tsc_khz());
-    let ram_low = memory.regions()[0].size;
-    let entry = probe::load_probe(
-        memory.mem(),
-        ram_low,
-        memory.end(),
-        config.cpus,
-        script,
-        &[],
-        tsc_khz,
-    )?;
+    let entry: Box<dyn EntryState> = match (&config.payload, &linux_plan) {
+        (Payload::Probe(script), _) => {
+            let tsc_khz = fds[0]
+                .get_tsc_khz()
+                .map(u64::from)
+                .unwrap_or_else(|_| host_tsc_khz());
+            let ram_low = memory.regions()[0].size;
+            Box::new(probe::load_probe(
+                memory.mem(),
+                ram_low,
+                memory.end(),
+                config.cpus,
+                script,
+                &placed,
+                tsc_khz,
+            )?)
+        }
+        (Payload::Linux { cmdline, .. }, Some(plan)) => {
+            for (i, fd) in fds.iter().enumerate() {
+                set_lapic_lints(fd).map_err(|source| VmmError::Vcpu {
+                    index: i as u32,
+                    what: "KVM_SET_LAPIC",
+                    source,
+                })?;
+            }
+            Box::new(linux::write_boot_data(
+                memory.mem(),
+                plan,
+                cmdline,
+                config.cpus,
+                HIGH_RAM_START,
+            )?)
+        }
+        (Payload::Linux { .. }, None) => unreachable!("a Linux payload always has a plan"),
+    };
     let mut vcpus = Vec::new();
     for (i, fd) in (0..config.cpus).zip(fds) {
-        set_entry_state(&fd, i, &entry)?;
+        // With an irqchip, application processors wait for the guest's INIT/SIPI.
+        if !linux || i == 0 {
+            set_entry_state(&fd, i, entry.as_ref())?;
+        }
         vcpus.push(Vcpu::new(i, fd));
     }
+    drop(serial_irq);
     trace.mark("vm_ready");
 
     let shared = Arc::new(VcpuShared::new(pio, Bus::new(), vm.has_irqchip()));
@@ -383,6 +476,7 @@ pub fn run_vm(config: VmConfig) -> Result<RunOutcome, VmmError> {
             }
             VcpuEvent::Request(_, GuestRequest::Exit(code), _) => break VmEnd::GuestExit(code),
             VcpuEvent::Request(_, GuestRequest::Reset, _) => break VmEnd::Reset,
+            VcpuEvent::Request(_, GuestRequest::PowerOff, _) => break VmEnd::PowerOff,
             VcpuEvent::Request(vcpu, GuestRequest::GuestFault(vector), _) => {
                 break VmEnd::Failed {
                     vcpu,

@@ -1,5 +1,6 @@
 //! Guest payloads and how each is placed in memory and entered.
 
+pub mod linux;
 pub mod probe;
 
 use kvm_bindings::{kvm_regs, kvm_sregs};

@@ -1,0 +1,564 @@
+//! Booting Linux: a PVH ELF vmlinux whose PT_LOAD segments are mapped `MAP_PRIVATE`
+//! straight from the file (so every VM using the same file shares the pages it never
+//! writes), or a bzImage through the 64-bit boot protocol; an initrd mapped the same way;
+//! the e820 map, command line and ACPI tables.
+
+use super::EntryState;
+use crate::arch::{acpi, gdt, paging, regs};
+use crate::memory::{Backing, RegionSpec};
+use densevm_kernel::{parse_elf, read_bzimage_header};
+use kvm_bindings::{kvm_regs, kvm_sregs};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use thiserror::Error;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+const PAGE: u64 = 4096;
+/// Where the PVH `hvm_start_info` goes.
+pub const START_INFO_ADDR: u64 = 0x6000;
+/// Where the PVH module list goes.
+pub const MODLIST_ADDR: u64 = 0x6800;
+/// Where the PVH memory map goes.
+pub const MEMMAP_ADDR: u64 = 0x6a00;
+/// Where the bzImage zero page (`boot_params`) goes.
+pub const ZERO_PAGE_ADDR: u64 = 0x7000;
+/// Where the kernel command line goes.
+pub const CMDLINE_ADDR: u64 = 0x2_0000;
+/// Longest command line accepted (including the NUL).
+pub const CMDLINE_MAX: usize = 0x1_0000;
+/// Initial stack for the bzImage 64-bit entry.
+const BOOT_STACK: u64 = 0x8ff0;
+/// Start of the legacy EBDA hole.
+const EBDA_START: u64 = 0x9_fc00;
+/// Highest address an initrd may end at (the kernel's `initrd_addr_max`).
+const INITRD_MAX_END: u64 = 0x8000_0000;
+
+/// Failure to prepare a Linux boot.
+#[derive(Debug, Error)]
+pub enum LinuxBootError {
+    /// A file could not be read.
+    #[error("cannot read {what} {path}: {source}")]
+    Io {
+        /// `kernel` or `initrd`.
+        what: &'static str,
+        /// The path.
+        path: PathBuf,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// The kernel is neither a usable ELF nor a bzImage.
+    #[error("{path} is not a bootable kernel: {reason}")]
+    BadKernel {
+        /// The path.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// Not enough memory for what must be placed.
+    #[error("{what} does not fit in guest memory ({detail}); give the VM more --memory")]
+    TooLarge {
+        /// What did not fit.
+        what: &'static str,
+        /// Sizes involved.
+        detail: String,
+    },
+    /// Bad command line.
+    #[error("invalid kernel command line: {0}")]
+    Cmdline(String),
+    /// Writing into guest memory failed.
+    #[error("writing boot data into guest memory failed: {0}")]
+    GuestMemory(#[from] vm_memory::GuestMemoryError),
+    /// linux-loader rejected the bzImage.
+    #[error("loading the bzImage failed: {0}")]
+    Loader(String),
+}
+
+/// How the kernel is entered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KernelEntry {
+    /// PVH: 32-bit protected mode, paging off, EBX = start_info.
+    Pvh(u64),
+    /// bzImage 64-bit protocol: long mode, RSI = zero page.
+    Bz64(u64),
+}
+
+/// A planned Linux guest: memory regions (with the file-backed windows) and what to
+/// write into them once mapped.
+pub struct LinuxPlan {
+    /// Guest memory regions covering RAM, with kernel/initrd windows cut out of it.
+    pub regions: Vec<RegionSpec>,
+    /// Bytes to copy after mapping (partial pages of segments; the bzImage kernel).
+    pub copies: Vec<(u64, Vec<u8>)>,
+    /// Entry point.
+    pub entry: KernelEntry,
+    /// Initrd location and length.
+    pub initrd: Option<(u64, u64)>,
+    /// bzImage setup header bytes (0x1f1.. of the file), for the zero page.
+    bz_setup: Option<Vec<u8>>,
+    /// RAM layout: (low RAM end, high RAM size).
+    ram: (u64, u64),
+}
+
+fn io<'a>(
+    what: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(std::io::Error) -> LinuxBootError + 'a {
+    move |source| LinuxBootError::Io {
+        what,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Read-only view of a whole file (an mmap: only the pages parsed are read).
+struct FileView {
+    ptr: *mut libc::c_void,
+    len: usize,
+}
+
+impl FileView {
+    fn new(file: &File, len: usize) -> std::io::Result<Self> {
+        if len == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "file is empty",
+            ));
+        }
+        // SAFETY: mapping `len` bytes of an open file read-only; the result is checked.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE,
+                std::os::fd::AsRawFd::as_raw_fd(file),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Self { ptr, len })
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: the mapping is `len` bytes long, readable, and lives as long as `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) }
+    }
+}
+
+impl Drop for FileView {
+    fn drop(&mut self) {
+        // SAFETY: unmapping exactly the mapping created in `new`.
+        unsafe { libc::munmap(self.ptr, self.len) };
+    }
+}
+
+/// A piece of guest RAM that is backed by a file window instead of anonymous memory.
+struct Window {
+    gpa: u64,
+    size: u64,
+    name: String,
+    file: Arc<File>,
+    offset: u64,
+}
+
+fn split_ram(
+    low_end: u64,
+    high: u64,
+    mut windows: Vec<Window>,
+    high_start: u64,
+) -> Vec<RegionSpec> {
+    windows.sort_by_key(|w| w.gpa);
+    let mut specs = Vec::new();
+    let mut cursor = 0;
+    let mut n = 0;
+    let mut anon = |specs: &mut Vec<RegionSpec>, from: u64, to: u64| {
+        if to > from {
+            let name = if n == 0 {
+                "ram".to_string()
+            } else {
+                format!("ram.{n}")
+            };
+            n += 1;
+            specs.push(RegionSpec {
+                name,
+                gpa: from,
+                size: to - from,
+                backing: Backing::Anonymous,
+            });
+        }
+    };
+    for w in windows {
+        anon(&mut specs, cursor, w.gpa);
+        cursor = w.gpa + w.size;
+        specs.push(RegionSpec {
+            name: w.name,
+            gpa: w.gpa,
+            size: w.size,
+            backing: Backing::FilePrivate {
+                file: w.file,
+                offset: w.offset,
+            },
+        });
+    }
+    anon(&mut specs, cursor, low_end);
+    if high > 0 {
+        specs.push(RegionSpec {
+            name: "ram.high".into(),
+            gpa: high_start,
+            size: high,
+            backing: Backing::Anonymous,
+        });
+    }
+    specs
+}
+
+/// Plans the memory of a Linux guest with `low_end` bytes of RAM below the 32-bit hole
+/// and `high` bytes above 4 GiB.
+pub fn plan(
+    kernel: &Path,
+    initrd: Option<&Path>,
+    low_end: u64,
+    high: u64,
+    high_start: u64,
+) -> Result<LinuxPlan, LinuxBootError> {
+    let file = Arc::new(File::open(kernel).map_err(io("kernel", kernel))?);
+    let len = file.metadata().map_err(io("kernel", kernel))?.len() as usize;
+    let view = FileView::new(&file, len).map_err(io("kernel", kernel))?;
+    let data = view.bytes();
+    let bad = |reason: String| LinuxBootError::BadKernel {
+        path: kernel.to_path_buf(),
+        reason,
+    };
+
+    let mut windows = Vec::new();
+    let mut copies = Vec::new();
+    let (entry, kernel_end, bz_setup) = if data.starts_with(b"\x7fELF") {
+        let elf = parse_elf(data).map_err(|e| bad(e.to_string()))?;
+        let entry = elf.pvh_entry.ok_or_else(|| {
+            bad(
+                "the ELF has no PVH entry note (XEN_ELFNOTE_PHYS32_ENTRY); use its bzImage instead"
+                    .into(),
+            )
+        })?;
+        let mut end = 0;
+        for (i, seg) in elf.segments.iter().enumerate() {
+            let seg_end = seg
+                .paddr
+                .checked_add(seg.memsz)
+                .ok_or_else(|| bad("segment overflows".into()))?;
+            if seg_end > low_end {
+                return Err(LinuxBootError::TooLarge {
+                    what: "the kernel",
+                    detail: format!(
+                        "segment {i} ends at {seg_end:#x}, RAM below 4 GiB ends at {low_end:#x}"
+                    ),
+                });
+            }
+            end = end.max(seg_end);
+            let file_end = seg.paddr + seg.filesz;
+            // Whole pages of file data are mapped from the file; partial head/tail pages
+            // are copied; the rest of memsz (bss) is left to zeroed anonymous memory.
+            let aligned = seg.offset % PAGE == seg.paddr % PAGE;
+            let first = seg.paddr.next_multiple_of(PAGE);
+            let last = file_end / PAGE * PAGE;
+            if aligned && last > first {
+                windows.push(Window {
+                    gpa: first,
+                    size: last - first,
+                    name: format!("kernel.{i}"),
+                    file: file.clone(),
+                    offset: seg.offset + (first - seg.paddr),
+                });
+                let head = (first - seg.paddr) as usize;
+                let off = seg.offset as usize;
+                copies.push((seg.paddr, data[off..off + head].to_vec()));
+                let tail_from = off + (last - seg.paddr) as usize;
+                copies.push((last, data[tail_from..off + seg.filesz as usize].to_vec()));
+            } else {
+                let off = seg.offset as usize;
+                let bytes = data
+                    .get(off..off + seg.filesz as usize)
+                    .ok_or_else(|| bad(format!("segment {i} lies outside the file")))?;
+                copies.push((seg.paddr, bytes.to_vec()));
+            }
+        }
+        (KernelEntry::Pvh(entry), end, None)
+    } else {
+        let hdr = read_bzimage_header(data)
+            .map_err(|e| bad(format!("neither an ELF vmlinux nor a bzImage ({e})")))?;
+        if !hdr.xloadflags.kernel_64() {
+            return Err(bad(
+                "the bzImage has no 64-bit entry point (XLF_KERNEL_64)".into()
+            ));
+        }
+        let load = hdr.pref_address.max(0x100_0000);
+        let payload = &data[hdr.kernel_offset as usize..];
+        let end = load + u64::from(hdr.init_size).max(payload.len() as u64);
+        if end > low_end {
+            return Err(LinuxBootError::TooLarge {
+                what: "the kernel",
+                detail: format!(
+                    "it needs RAM up to {end:#x}, RAM below 4 GiB ends at {low_end:#x}"
+                ),
+            });
+        }
+        // The bzImage decompresses itself over its own memory: copying it is the only
+        // option (and its boot pays the decompression; prefer an extracted vmlinux).
+        copies.push((load, payload.to_vec()));
+        let setup_end = (0x202 + usize::from(data[0x201]))
+            .min(data.len())
+            .max(0x1f1);
+        (
+            KernelEntry::Bz64(load + 0x200),
+            end,
+            Some(data[0x1f1..setup_end].to_vec()),
+        )
+    };
+
+    let mut initrd_at = None;
+    if let Some(path) = initrd {
+        let file = Arc::new(File::open(path).map_err(io("initrd", path))?);
+        let size = file.metadata().map_err(io("initrd", path))?.len();
+        if size == 0 {
+            return Err(LinuxBootError::Io {
+                what: "initrd",
+                path: path.to_path_buf(),
+                source: std::io::Error::new(std::io::ErrorKind::InvalidData, "file is empty"),
+            });
+        }
+        let mapped = size.next_multiple_of(PAGE);
+        let top = low_end.min(INITRD_MAX_END);
+        let gpa = top
+            .checked_sub(mapped)
+            .map(|g| g / (2 << 20) * (2 << 20))
+            .filter(|g| *g >= kernel_end.next_multiple_of(PAGE));
+        let gpa = gpa.ok_or_else(|| LinuxBootError::TooLarge {
+            what: "the initrd",
+            detail: format!(
+                "{} KiB initrd, kernel ends at {kernel_end:#x}, usable RAM ends at {top:#x}",
+                size >> 10
+            ),
+        })?;
+        // Beyond EOF inside the last page the mapping reads as zeros, as an initrd must.
+        windows.push(Window {
+            gpa,
+            size: mapped,
+            name: "initrd".into(),
+            file,
+            offset: 0,
+        });
+        initrd_at = Some((gpa, size));
+    }
+    Ok(LinuxPlan {
+        regions: split_ram(low_end, high, windows, high_start),
+        copies,
+        entry,
+        initrd: initrd_at,
+        bz_setup,
+        ram: (low_end, high),
+    })
+}
+
+fn e820(low_end: u64, high: u64, high_start: u64) -> Vec<(u64, u64, u32)> {
+    let mut map = vec![
+        (0, EBDA_START, 1),
+        (EBDA_START, 0xa_0000 - EBDA_START, 2),
+        (acpi::RSDP_ADDR, acpi::ACPI_AREA_END - acpi::RSDP_ADDR, 2),
+        (0x10_0000, low_end - 0x10_0000, 1),
+    ];
+    if high > 0 {
+        map.push((high_start, high, 1));
+    }
+    map
+}
+
+fn write_cmdline(mem: &GuestMemoryMmap, cmdline: &str) -> Result<(), LinuxBootError> {
+    if cmdline.len() >= CMDLINE_MAX {
+        return Err(LinuxBootError::Cmdline(format!(
+            "{} bytes, at most {} allowed",
+            cmdline.len(),
+            CMDLINE_MAX - 1
+        )));
+    }
+    if cmdline
+        .bytes()
+        .any(|b| b == 0 || !(0x20..0x7f).contains(&b))
+    {
+        return Err(LinuxBootError::Cmdline(
+            "only printable ASCII is allowed".into(),
+        ));
+    }
+    let mut bytes = cmdline.as_bytes().to_vec();
+    bytes.push(0);
+    mem.write_slice(&bytes, GuestAddress(CMDLINE_ADDR))?;
+    Ok(())
+}
+
+/// Writes everything the kernel needs to find at boot and returns its entry state.
+pub fn write_boot_data(
+    mem: &GuestMemoryMmap,
+    plan: &LinuxPlan,
+    cmdline: &str,
+    cpus: u32,
+    high_start: u64,
+) -> Result<LinuxEntry, LinuxBootError> {
+    for (gpa, bytes) in &plan.copies {
+        if !bytes.is_empty() {
+            mem.write_slice(bytes, GuestAddress(*gpa))?;
+        }
+    }
+    write_cmdline(mem, cmdline)?;
+    for (addr, table) in acpi::build_tables(cpus) {
+        mem.write_slice(&table, GuestAddress(addr))?;
+    }
+    for (i, entry) in gdt::BOOT_GDT.iter().enumerate() {
+        mem.write_obj(*entry, GuestAddress(gdt::BOOT_GDT_ADDR + 8 * i as u64))?;
+    }
+    let map = e820(plan.ram.0, plan.ram.1, high_start);
+    match plan.entry {
+        KernelEntry::Pvh(_) => {
+            let mut info = Vec::with_capacity(56);
+            info.extend_from_slice(&0x336e_c578u32.to_le_bytes()); // XEN_HVM_START_MAGIC_VALUE
+            info.extend_from_slice(&1u32.to_le_bytes()); // version
+            info.extend_from_slice(&0u32.to_le_bytes()); // flags
+            info.extend_from_slice(&u32::from(plan.initrd.is_some()).to_le_bytes());
+            info.extend_from_slice(&MODLIST_ADDR.to_le_bytes());
+            info.extend_from_slice(&CMDLINE_ADDR.to_le_bytes());
+            info.extend_from_slice(&acpi::RSDP_ADDR.to_le_bytes());
+            info.extend_from_slice(&MEMMAP_ADDR.to_le_bytes());
+            info.extend_from_slice(&(map.len() as u32).to_le_bytes());
+            info.extend_from_slice(&0u32.to_le_bytes());
+            mem.write_slice(&info, GuestAddress(START_INFO_ADDR))?;
+            if let Some((gpa, size)) = plan.initrd {
+                let mut module = Vec::with_capacity(32);
+                for v in [gpa, size, 0, 0] {
+                    module.extend_from_slice(&v.to_le_bytes());
+                }
+                mem.write_slice(&module, GuestAddress(MODLIST_ADDR))?;
+            }
+            for (i, (addr, size, kind)) in map.iter().enumerate() {
+                let mut e = Vec::with_capacity(24);
+                e.extend_from_slice(&addr.to_le_bytes());
+                e.extend_from_slice(&size.to_le_bytes());
+                e.extend_from_slice(&kind.to_le_bytes());
+                e.extend_from_slice(&0u32.to_le_bytes());
+                mem.write_slice(&e, GuestAddress(MEMMAP_ADDR + 24 * i as u64))?;
+            }
+        }
+        KernelEntry::Bz64(_) => {
+            let tables = paging::identity_map(4 << 30, false)
+                .map_err(|_| LinuxBootError::Loader("page tables".into()))?;
+            for (addr, bytes) in tables {
+                mem.write_slice(&bytes, GuestAddress(addr))?;
+            }
+            let mut zero = vec![0u8; 4096];
+            let setup = plan.bz_setup.as_deref().unwrap_or(&[]);
+            zero[0x1f1..0x1f1 + setup.len()].copy_from_slice(setup);
+            zero[0x210] = 0xff; // type_of_loader: undefined
+            zero[0x211] |= 0x01; // loadflags: LOADED_HIGH
+            zero[0x228..0x22c].copy_from_slice(&(CMDLINE_ADDR as u32).to_le_bytes());
+            zero[0x238..0x23c].copy_from_slice(&((cmdline.len() + 1) as u32).to_le_bytes());
+            if let Some((gpa, size)) = plan.initrd {
+                zero[0x218..0x21c].copy_from_slice(&(gpa as u32).to_le_bytes());
+                zero[0x21c..0x220].copy_from_slice(&(size as u32).to_le_bytes());
+            }
+            zero[0x070..0x078].copy_from_slice(&acpi::RSDP_ADDR.to_le_bytes()); // acpi_rsdp_addr
+            zero[0x1e8] = map.len() as u8; // e820_entries
+            for (i, (addr, size, kind)) in map.iter().enumerate() {
+                let at = 0x2d0 + 20 * i;
+                zero[at..at + 8].copy_from_slice(&addr.to_le_bytes());
+                zero[at + 8..at + 16].copy_from_slice(&size.to_le_bytes());
+                zero[at + 16..at + 20].copy_from_slice(&kind.to_le_bytes());
+            }
+            mem.write_slice(&zero, GuestAddress(ZERO_PAGE_ADDR))?;
+        }
+    }
+    Ok(LinuxEntry(plan.entry))
+}
+
+/// The boot CPU's entry state for a Linux guest (APs wait for INIT/SIPI from the guest).
+pub struct LinuxEntry(pub KernelEntry);
+
+impl EntryState for LinuxEntry {
+    fn sregs(&self, _index: u32, defaults: kvm_sregs) -> kvm_sregs {
+        match self.0 {
+            KernelEntry::Pvh(_) => regs::protected_mode_sregs(defaults),
+            KernelEntry::Bz64(_) => regs::long_mode_sregs(defaults),
+        }
+    }
+
+    fn regs(&self, _index: u32) -> kvm_regs {
+        match self.0 {
+            KernelEntry::Pvh(entry) => kvm_regs {
+                rip: entry,
+                rbx: START_INFO_ADDR,
+                rflags: 0x2,
+                ..Default::default()
+            },
+            KernelEntry::Bz64(entry) => regs::entry_regs(entry, BOOT_STACK, 0, ZERO_PAGE_ADDR),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ram_is_split_around_windows() {
+        let f = Arc::new(File::open("/proc/self/exe").unwrap());
+        let windows = vec![
+            Window {
+                gpa: 0x200_0000,
+                size: 0x1000,
+                name: "b".into(),
+                file: f.clone(),
+                offset: 0,
+            },
+            Window {
+                gpa: 0x100_0000,
+                size: 0x2000,
+                name: "a".into(),
+                file: f,
+                offset: 0,
+            },
+        ];
+        let specs = split_ram(0x400_0000, 0, windows, 4 << 30);
+        let layout: Vec<_> = specs
+            .iter()
+            .map(|s| (s.name.as_str(), s.gpa, s.size))
+            .collect();
+        assert_eq!(
+            layout,
+            [
+                ("ram", 0, 0x100_0000),
+                ("a", 0x100_0000, 0x2000),
+                ("ram.1", 0x100_2000, 0xffe000),
+                ("b", 0x200_0000, 0x1000),
+                ("ram.2", 0x200_1000, 0x1fff000)
+            ]
+        );
+    }
+
+    #[test]
+    fn bad_kernels_are_rejected() {
+        let dir = std::env::temp_dir().join(format!("densevm-linux-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let junk = dir.join("junk");
+        std::fs::write(&junk, vec![0x55u8; 8192]).unwrap();
+        let err = plan(&junk, None, 256 << 20, 0, 4 << 30).err().unwrap();
+        assert!(err.to_string().contains("not a bootable kernel"), "{err}");
+        let empty = dir.join("empty");
+        std::fs::write(&empty, b"").unwrap();
+        assert!(plan(&empty, None, 256 << 20, 0, 4 << 30).is_err());
+        assert!(plan(&dir.join("missing"), None, 256 << 20, 0, 4 << 30)
+            .err()
+            .unwrap()
+            .to_string()
+            .contains("cannot read kernel"));
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}
