@@ -455,6 +455,13 @@ impl Chain {
         if !self.images[0].is_writable() {
             return Err(PcowError::ReadOnly(self.images[0].path().to_path_buf()));
         }
+        if !unsafe_mode && !self.snapshot_list().is_empty() {
+            // Snapshot views also read through the backing file; only the writable view
+            // would be preserved.
+            return Err(PcowError::InvalidParameter(
+                "rebase needs an image without snapshots (delete them first)".into(),
+            ));
+        }
         let cs = self.cluster_size();
         let vc = self.virtual_clusters();
         if !unsafe_mode {

@@ -1,0 +1,28 @@
+# pcow image format (issue 4): library crate crates/pcow, `densevm image`, docs/pcow.md.
+#   make test-pcow    CLI-level tests of `densevm image` (crates/pcow/tests/cli.sh); the
+#                     library's model, crash-injection and corpus tests run in `cargo test`.
+#   make bench-pcow   open/map build (1M clusters), snapshot create, convert vs qemu-img
+#                     (docs/benchmarks.md "## pcow"); output also in build/pcow-bench.md
+#   make fuzz-pcow    bounded cargo-fuzz run of the metadata parser (needs cargo-fuzz)
+PCOW_DENSEVM ?= $(abspath $(or $(CARGO_TARGET_DIR),target)/release/densevm)
+PCOW_FUZZ_SECONDS ?= 60
+
+.PHONY: test-pcow bench-pcow fuzz-pcow
+
+test-pcow: build
+	DENSEVM=$(PCOW_DENSEVM) crates/pcow/tests/cli.sh
+
+bench-pcow: build
+	@mkdir -p build
+	DENSEVM_BIN=$(PCOW_DENSEVM) PCOW_BENCH_DIR=$(CURDIR)/build/pcow-bench \
+	  $(CARGO) bench -p pcow --bench pcow_bench | tee build/pcow-bench.md
+	@rm -rf build/pcow-bench
+
+# cargo-fuzz needs nightly flags; RUSTC_BOOTSTRAP=1 lets the stable toolchain accept them.
+fuzz-pcow: deps
+	@command -v cargo-fuzz >/dev/null || { echo "fuzz-pcow: installing cargo-fuzz"; $(CARGO) install cargo-fuzz --locked; }
+	cd crates/pcow/fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run --sanitizer none open_image -- \
+	  -max_total_time=$(PCOW_FUZZ_SECONDS) -max_len=65536
+
+TEST_TARGETS += test-pcow
+BENCH_TARGETS += bench-pcow
