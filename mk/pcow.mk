@@ -21,8 +21,9 @@ bench-pcow: build
 # cargo-fuzz needs nightly flags; RUSTC_BOOTSTRAP=1 lets the stable toolchain accept them.
 fuzz-pcow: deps
 	@command -v cargo-fuzz >/dev/null || { echo "fuzz-pcow: installing cargo-fuzz"; $(CARGO) install cargo-fuzz --locked; }
-	cd crates/pcow/fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run --sanitizer none open_image -- \
-	  -max_total_time=$(PCOW_FUZZ_SECONDS) -max_len=65536
+	mkdir -p crates/pcow/fuzz/corpus/open_image
+	cd crates/pcow/fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run --sanitizer none open_image \
+	  corpus/open_image seeds -- -max_total_time=$(PCOW_FUZZ_SECONDS) -max_len=131072
 
 TEST_TARGETS += test-pcow
 BENCH_TARGETS += bench-pcow
