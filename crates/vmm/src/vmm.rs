@@ -8,7 +8,7 @@ use crate::trace::{mark_name, BootTrace};
 use crate::vstate::kick;
 use crate::vstate::vcpu::{Vcpu, VcpuEvent, VcpuFailure, VcpuShared};
 use crate::vstate::vm::{Vm, VmError};
-use densevm_devices::legacy::{self, AcpiPm, DebugPort, Serial, I8042};
+use densevm_devices::legacy::{self, AcpiPm, Cmos, DebugPort, Serial, I8042};
 use densevm_devices::{Bus, GuestRequest};
 use densevm_probe::Command;
 use kvm_bindings::KVM_MAX_CPUID_ENTRIES;
@@ -381,6 +381,12 @@ pub fn run_vm(config: VmConfig) -> Result<RunOutcome, VmmError> {
     )
     .map_err(bus_err)?;
     if linux {
+        pio.insert(
+            Arc::new(Mutex::new(Cmos::new())),
+            legacy::CMOS_BASE,
+            legacy::CMOS_LEN,
+        )
+        .map_err(bus_err)?;
         pio.insert(
             Arc::new(Mutex::new(AcpiPm)),
             legacy::ACPI_PM_BASE,

@@ -1,0 +1,118 @@
+//! `densevm run --kernel` input errors: each is reported clearly before any guest runs.
+//! (Booting real Linux is tested in the nested lab: lab/tests/densevm-l2-boot.sh.)
+
+mod common;
+
+use common::{densevm, require_kvm, stderr};
+use std::path::PathBuf;
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("densevm-linux-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn run(args: &[&str]) -> (Option<i32>, String) {
+    require_kvm();
+    let out = densevm().arg("run").args(args).output().unwrap();
+    (out.status.code(), stderr(&out))
+}
+
+#[test]
+fn missing_kernel() {
+    let (code, err) = run(&["--kernel", "/nonexistent/vmlinux"]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("cannot read kernel /nonexistent/vmlinux"), "{err}");
+}
+
+#[test]
+fn corrupt_kernels() {
+    let dir = scratch("corrupt");
+    let junk = dir.join("junk");
+    std::fs::write(&junk, vec![0x42u8; 64 * 1024]).unwrap();
+    let (code, err) = run(&["--kernel", junk.to_str().unwrap()]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("not a bootable kernel"), "{err}");
+    // An ELF header cut short.
+    let elf = dir.join("short.elf");
+    std::fs::write(&elf, b"\x7fELF\x02\x01\x01\x00").unwrap();
+    let (code, err) = run(&["--kernel", elf.to_str().unwrap()]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("not a bootable kernel"), "{err}");
+    let empty = dir.join("empty");
+    std::fs::write(&empty, b"").unwrap();
+    let (code, err) = run(&["--kernel", empty.to_str().unwrap()]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("empty"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A minimal ELF64 with one PT_LOAD segment at 16 MiB and a PVH entry note.
+fn tiny_pvh_elf() -> Vec<u8> {
+    let mut f = vec![0u8; 0x2000];
+    f[..4].copy_from_slice(b"\x7fELF");
+    f[4] = 2; // 64-bit
+    f[5] = 1; // little endian
+    f[6] = 1;
+    f[16..18].copy_from_slice(&2u16.to_le_bytes()); // ET_EXEC
+    f[18..20].copy_from_slice(&62u16.to_le_bytes()); // x86_64
+    f[20..24].copy_from_slice(&1u32.to_le_bytes());
+    f[24..32].copy_from_slice(&0x100_0000u64.to_le_bytes()); // entry
+    f[32..40].copy_from_slice(&64u64.to_le_bytes()); // phoff
+    f[52..54].copy_from_slice(&64u16.to_le_bytes()); // ehsize
+    f[54..56].copy_from_slice(&56u16.to_le_bytes()); // phentsize
+    f[56..58].copy_from_slice(&2u16.to_le_bytes()); // phnum
+    let ph = |f: &mut Vec<u8>, at: usize, kind: u32, off: u64, addr: u64, size: u64| {
+        f[at..at + 4].copy_from_slice(&kind.to_le_bytes());
+        f[at + 4..at + 8].copy_from_slice(&5u32.to_le_bytes());
+        f[at + 8..at + 16].copy_from_slice(&off.to_le_bytes());
+        f[at + 16..at + 24].copy_from_slice(&addr.to_le_bytes());
+        f[at + 24..at + 32].copy_from_slice(&addr.to_le_bytes());
+        f[at + 32..at + 40].copy_from_slice(&size.to_le_bytes());
+        f[at + 40..at + 48].copy_from_slice(&size.to_le_bytes());
+        f[at + 48..at + 56].copy_from_slice(&4096u64.to_le_bytes());
+    };
+    ph(&mut f, 64, 1, 0x1000, 0x100_0000, 0x1000); // PT_LOAD
+    ph(&mut f, 120, 4, 0x200, 0, 24); // PT_NOTE
+    // Note: namesz 4 ("Xen\0"), descsz 4, type 18 (XEN_ELFNOTE_PHYS32_ENTRY).
+    let note = [4u32.to_le_bytes(), 4u32.to_le_bytes(), 18u32.to_le_bytes()].concat();
+    f[0x200..0x20c].copy_from_slice(&note);
+    f[0x20c..0x210].copy_from_slice(b"Xen\0");
+    f[0x210..0x214].copy_from_slice(&0x100_0000u32.to_le_bytes());
+    f
+}
+
+#[test]
+fn initrd_too_large_and_bad_cmdline() {
+    let dir = scratch("initrd");
+    let kernel = dir.join("vmlinux");
+    std::fs::write(&kernel, tiny_pvh_elf()).unwrap();
+    let initrd = dir.join("initrd");
+    let f = std::fs::File::create(&initrd).unwrap();
+    f.set_len(200 << 20).unwrap(); // sparse, 200 MiB
+    let k = kernel.to_str().unwrap();
+    let (code, err) = run(&["--kernel", k, "--initrd", initrd.to_str().unwrap(), "--memory", "128M"]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("the initrd does not fit in guest memory") && err.contains("--memory"), "{err}");
+    let long = "x".repeat(70_000);
+    let (code, err) = run(&["--kernel", k, "--cmdline", &long, "--timeout", "10"]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("invalid kernel command line"), "{err}");
+    let (code, err) = run(&["--kernel", k, "--cmdline", "console=ttyS0\u{e9}", "--timeout", "10"]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("printable ASCII"), "{err}");
+    let (code, err) = run(&["--kernel", k, "--memory", "8M", "--timeout", "10"]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("the kernel does not fit"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn flags_that_need_a_kernel() {
+    let out = densevm().args(["run", "--initrd", "/tmp/x", "--probe"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("--kernel"), "{}", stderr(&out));
+    let out = densevm().args(["run"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("nothing to run"), "{}", stderr(&out));
+}
