@@ -154,7 +154,6 @@ impl Image {
             return Err(self.inconsistent(format!("file length {len} implies too many slots")));
         }
         let words = geo.bitmap_words();
-        self.slots = Vec::with_capacity(nslots as usize);
         self.bitmaps = vec![0u64; nslots as usize * words];
         let vclusters = self.virtual_clusters();
         let full = geo.full_bitmap();
@@ -164,14 +163,24 @@ impl Image {
         let chunks = if segments >= 64 { threads } else { 1 };
         let per = segments.div_ceil(chunks.max(1)).max(1);
         let storage = self.storage.clone();
+        self.slots = vec![EMPTY_SLOT; nslots as usize];
+        let per_slots = (per * geo.entries_per_meta) as usize;
         let parts: Vec<Result<ScanPart>> = std::thread::scope(|sc| {
-            let handles: Vec<_> = (0..chunks)
-                .map(|c| {
-                    let segs = (c * per).min(segments)..((c + 1) * per).min(segments);
-                    let (st, full) = (&storage, &full);
-                    sc.spawn(move || scan_part(st.as_ref(), geo, segs, vclusters, full))
-                })
-                .collect();
+            let mut handles = Vec::new();
+            let mut slot_rest: &mut [SlotMeta] = &mut self.slots;
+            let mut bm_rest: &mut [u64] = &mut self.bitmaps;
+            for c in 0..chunks {
+                let segs = (c * per).min(segments)..((c + 1) * per).min(segments);
+                let n = ((segs.end - segs.start) * geo.entries_per_meta) as usize;
+                let (sl, sr) = std::mem::take(&mut slot_rest).split_at_mut(n.min(per_slots));
+                let (bl, br) = std::mem::take(&mut bm_rest).split_at_mut(n * words);
+                slot_rest = sr;
+                bm_rest = br;
+                let (st, full) = (&storage, &full);
+                handles.push(
+                    sc.spawn(move || scan_part(st.as_ref(), geo, segs, vclusters, full, sl, bl)),
+                );
+            }
             handles
                 .into_iter()
                 .map(|h| {
@@ -181,12 +190,8 @@ impl Image {
                 })
                 .collect()
         });
-        for (c, part) in parts.into_iter().enumerate() {
+        for part in parts {
             let part = part?;
-            let base = c as u64 * per * geo.entries_per_meta;
-            let at = base as usize * words;
-            self.bitmaps[at..at + part.bitmaps.len()].copy_from_slice(&part.bitmaps);
-            self.slots.extend_from_slice(&part.slots);
             self.problems.extend(part.problems);
             self.bad_slots.extend(part.bad_slots);
         }
@@ -471,8 +476,6 @@ impl Image {
 /// Entries decoded from a range of segments (scanned in parallel at open).
 #[derive(Default)]
 struct ScanPart {
-    slots: Vec<SlotMeta>,
-    bitmaps: Vec<u64>,
     problems: Vec<Problem>,
     bad_slots: BTreeSet<u64>,
 }
@@ -483,15 +486,12 @@ fn scan_part(
     segs: std::ops::Range<u64>,
     vclusters: u64,
     full: &[u64],
+    slots: &mut [SlotMeta],
+    bitmaps: &mut [u64],
 ) -> Result<ScanPart> {
     let words = geo.bitmap_words();
     let first_slot = segs.start * geo.entries_per_meta;
-    let n = (segs.end - segs.start) * geo.entries_per_meta;
-    let mut part = ScanPart {
-        slots: Vec::with_capacity(n as usize),
-        bitmaps: vec![0u64; n as usize * words],
-        ..Default::default()
-    };
+    let mut part = ScanPart::default();
     let slot_size = geo.slot_size as usize;
     let mut meta = vec![0u8; geo.cluster_size() as usize];
     for seg in segs.clone() {
@@ -533,12 +533,12 @@ fn scan_part(
                     });
                     let mut m = EMPTY_SLOT;
                     m.active = if t0 == 1 { 1 } else { 0 };
-                    part.slots.push(m);
+                    slots[(slot - first_slot) as usize] = m;
                     continue;
                 }
             };
             let Some(active) = pick else {
-                part.slots.push(EMPTY_SLOT);
+                slots[(slot - first_slot) as usize] = EMPTY_SLOT;
                 continue;
             };
             let chosen = if active == 0 { c0 } else { c1 };
@@ -556,7 +556,7 @@ fn scan_part(
                         ),
                     });
                     part.bad_slots.insert(slot);
-                    part.slots.push(EMPTY_SLOT);
+                    slots[(slot - first_slot) as usize] = EMPTY_SLOT;
                     continue;
                 }
             };
@@ -570,18 +570,18 @@ fn scan_part(
                     ),
                 });
                 part.bad_slots.insert(slot);
-                part.slots.push(EMPTY_SLOT);
+                slots[(slot - first_slot) as usize] = EMPTY_SLOT;
                 continue;
             }
             let at = (slot - first_slot) as usize * words;
-            part.bitmaps[at..at + words].copy_from_slice(&e.bitmap[..words]);
-            part.slots.push(SlotMeta {
+            bitmaps[at..at + words].copy_from_slice(&e.bitmap[..words]);
+            slots[(slot - first_slot) as usize] = SlotMeta {
                 logical: e.logical,
                 epoch: e.epoch,
                 kind: e.kind,
                 seq: e.seq,
                 active,
-            });
+            };
         }
     }
     Ok(part)
