@@ -8,6 +8,7 @@ pub mod report;
 pub mod trace;
 pub mod vmm;
 pub mod vstate;
+pub mod write_fault;
 
 pub use vmm::{
     place_external_regions, run_vm, ExternalRegion, Payload, RunOutcome, VmConfig, VmEnd, VmmError,

@@ -40,6 +40,10 @@ pub struct RunArgs {
     /// Stop the VM with an error (exit code 124) after this many seconds.
     #[arg(long, value_name = "SECS")]
     pub timeout: Option<f64>,
+    /// Map a pcow image (with its backing chain) into guest memory above RAM as region
+    /// `pmem0`, `pmem1`, ... (repeatable). Guest writes go straight into the image.
+    #[arg(long, value_name = "IMAGE")]
+    pub pmem: Vec<std::path::PathBuf>,
 }
 
 /// Parses `--memory`: a size with an optional K/M/G suffix, at least 1 MiB, 4 KiB aligned.
@@ -130,6 +134,7 @@ pub fn main(args: RunArgs) -> anyhow::Result<i32> {
         Some(s) => Some(Duration::from_secs_f64(s)),
         None => None,
     };
+    let pmem = PmemRegions::open(&args.pmem, args.memory)?;
     let config = VmConfig {
         memory_bytes: args.memory,
         cpus: args.cpus,
@@ -138,10 +143,11 @@ pub fn main(args: RunArgs) -> anyhow::Result<i32> {
         timeout,
         origin,
         report_memory: args.report || args.report_json.is_some() || args.json,
-        external_regions: Vec::new(),
+        external_regions: pmem.external_regions(),
     };
     let started = Instant::now();
     let outcome = run_vm(config).context("could not start the VM")?;
+    pmem.flush()?;
     tracing::debug!("VM ran for {:?}", started.elapsed());
     if args.trace {
         eprint!("{}", outcome.trace.table());
@@ -166,4 +172,76 @@ pub fn main(args: RunArgs) -> anyhow::Result<i32> {
         eprintln!("densevm: error: {}", outcome.end);
     }
     Ok(outcome.end.exit_code())
+}
+
+/// The `--pmem` images of a run: mapped regions and their vCPU write-fault hooks.
+struct PmemRegions {
+    regions: Vec<(std::path::PathBuf, densevm_pmem::PmemRegion)>,
+    _hooks: Vec<densevm_vmm::write_fault::Registration>,
+}
+
+impl PmemRegions {
+    /// Opens and maps every image; registers each region's copy-up hook at the guest-physical
+    /// address the VMM will place it at.
+    fn open(images: &[std::path::PathBuf], memory: u64) -> anyhow::Result<Self> {
+        let mut regions = Vec::new();
+        for path in images {
+            let opts = pcow::OpenOptions {
+                writable: true,
+                ..Default::default()
+            };
+            let chain = pcow::Chain::open(path, opts).with_context(|| {
+                format!(
+                    "cannot open --pmem image {} (create it with `densevm image create`)",
+                    path.display()
+                )
+            })?;
+            let region =
+                densevm_pmem::PmemRegion::map(pcow::SharedChain::new(chain), Default::default())
+                    .with_context(|| format!("cannot map --pmem image {}", path.display()))?;
+            regions.push((path.clone(), region));
+        }
+        let mut this = PmemRegions {
+            regions,
+            _hooks: Vec::new(),
+        };
+        let placed = densevm_vmm::place_external_regions(memory, &this.external_regions());
+        for ((_, region), (_, gpa, size)) in this.regions.iter().zip(placed) {
+            let handle = region.write_fault_handle();
+            let hook = std::sync::Arc::new(move |offset: u64, data: Option<&[u8]>| {
+                handle
+                    .guest_write(offset, data)
+                    .map_err(|e| tracing::error!("pmem: guest write at offset {offset:#x}: {e}"))
+                    .is_ok()
+            });
+            this._hooks
+                .push(densevm_vmm::write_fault::register(gpa, size, hook));
+        }
+        Ok(this)
+    }
+
+    fn external_regions(&self) -> Vec<densevm_vmm::ExternalRegion> {
+        self.regions
+            .iter()
+            .enumerate()
+            .map(|(i, (_, r))| densevm_vmm::ExternalRegion {
+                name: format!("pmem{i}"),
+                host_addr: r.host_addr(),
+                size: r.size(),
+            })
+            .collect()
+    }
+
+    /// Acknowledges the guest's writes (the sync point of each image).
+    fn flush(&self) -> anyhow::Result<()> {
+        for (path, r) in &self.regions {
+            r.flush().with_context(|| {
+                format!(
+                    "cannot flush --pmem image {}; its last writes may be lost",
+                    path.display()
+                )
+            })?;
+        }
+        Ok(())
+    }
 }

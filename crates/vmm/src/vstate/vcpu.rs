@@ -244,6 +244,11 @@ impl Vcpu {
                 }
                 Step::Continue
             }
+            // pmem: a write to a read-only page of a service-mapped region (PVM reports it
+            // as MMIO); the region's owner copies the page up and stores the bytes.
+            VcpuExit::MmioWrite(addr, data) if crate::write_fault::handle(addr, Some(data)) => {
+                Step::Continue
+            }
             VcpuExit::MmioWrite(addr, data) => match shared.mmio.write(addr, data) {
                 Some(Some(req)) => self.request(events, req),
                 Some(None) => Step::Continue,
@@ -283,6 +288,10 @@ impl Vcpu {
             VcpuExit::SystemEvent(kind, _data) => {
                 let _ = events.send(VcpuEvent::SystemEvent(id, kind));
                 Step::Stop
+            }
+            // pmem: the same write on hardware KVM; the guest retries it after the copy-up.
+            VcpuExit::MemoryFault { gpa, .. } if crate::write_fault::handle(gpa, None) => {
+                Step::Continue
             }
             VcpuExit::MemoryFault { gpa, .. } => {
                 self.fail(events, VcpuFailure::MemoryFault { gpa: Some(gpa) })

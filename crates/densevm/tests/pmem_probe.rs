@@ -1,0 +1,200 @@
+//! `densevm run --pmem IMAGE`: the probe guest on /dev/kvm reads and writes a mapped pcow
+//! region. Thin expansion, reads that allocate nothing, copy-on-write against a snapshot and
+//! a base image, rollback, persistence across VM restarts.
+
+mod common;
+
+use common::{densevm, run_probe, stderr, stdout};
+use densevm_probe::probe_checksum;
+use std::path::{Path, PathBuf};
+
+const K: usize = 1024;
+
+fn tmpdir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("densevm-pmem-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn image(args: &[&str]) {
+    let out = densevm().arg("image").args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "densevm image {args:?}: {}",
+        stderr(&out)
+    );
+}
+
+fn create(path: &Path, size: &str, backing: Option<&str>) {
+    let p = path.to_str().unwrap();
+    match backing {
+        Some(b) => image(&["create", p, size, "-b", b]),
+        None => image(&["create", p, size]),
+    }
+}
+
+/// Runs the probe with `--pmem` images; returns stdout after checking the exit code.
+fn run(images: &[&Path], script: &str) -> String {
+    let mut args: Vec<String> = vec!["--probe".into(), script.into()];
+    for i in images {
+        args.push("--pmem".into());
+        args.push(i.to_str().unwrap().into());
+    }
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = run_probe(&refs);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "script {script:?}\nstdout: {}\nstderr: {}",
+        stdout(&out),
+        stderr(&out)
+    );
+    stdout(&out)
+}
+
+/// The checksum the probe printed for `sum REGION_ARGS`.
+fn sum(out: &str, what: &str) -> u64 {
+    let prefix = format!("sum {what} = ");
+    let line = out
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .unwrap_or_else(|| panic!("no `{prefix}` line in:\n{out}"));
+    u64::from_str_radix(line.trim(), 16).unwrap()
+}
+
+fn check_clean(path: &Path) {
+    let out = densevm()
+        .args(["image", "check", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "check {}: {}{}",
+        path.display(),
+        stdout(&out),
+        stderr(&out)
+    );
+}
+
+fn chain(path: &Path) -> pcow::Chain {
+    pcow::Chain::open(path, pcow::OpenOptions::default()).unwrap()
+}
+
+fn read(path: &Path, offset: u64, len: usize) -> Vec<u8> {
+    let mut buf = vec![0u8; len];
+    chain(path).read(offset, &mut buf).unwrap();
+    buf
+}
+
+#[test]
+fn guest_writes_expand_thinly_and_reads_allocate_nothing() {
+    let dir = tmpdir("thin");
+    let img = dir.join("a.pcow");
+    create(&img, "64M", None);
+    let out = run(
+        &[&img],
+        "sum pmem0 0 64K; write pmem0 1M 128K 0xab; sum pmem0 1M 128K; sum pmem0 2M 4K; exit 0",
+    );
+    assert_eq!(sum(&out, "pmem0 0 64K"), probe_checksum(&[0; 64 * K]));
+    assert_eq!(sum(&out, "pmem0 1M 128K"), probe_checksum(&[0xab; 128 * K]));
+    assert_eq!(sum(&out, "pmem0 2M 4K"), probe_checksum(&[0; 4 * K]));
+    let c = chain(&img);
+    let cs = c.cluster_size();
+    assert!(c.lookup(0).is_none(), "a read allocated cluster 0");
+    assert!(c.lookup((2 << 20) / cs).is_none(), "a read allocated at 2M");
+    let allocated: Vec<u64> = (0..c.virtual_clusters())
+        .filter(|&l| c.lookup(l).is_some())
+        .collect();
+    let expect: Vec<u64> = ((1 << 20) / cs..((1 << 20) + (128 << 10)) / cs).collect();
+    assert_eq!(allocated, expect, "only the written clusters are allocated");
+    assert_eq!(read(&img, 1 << 20, 128 * K), vec![0xab; 128 * K]);
+    check_clean(&img);
+
+    // Persistence across VM restarts.
+    let out = run(&[&img], "sum pmem0 1M 128K; sum pmem0 0 64K; exit 0");
+    assert_eq!(sum(&out, "pmem0 1M 128K"), probe_checksum(&[0xab; 128 * K]));
+    assert_eq!(sum(&out, "pmem0 0 64K"), probe_checksum(&[0; 64 * K]));
+}
+
+#[test]
+fn guest_writes_copy_on_write_over_a_snapshot_and_rollback_restores() {
+    let dir = tmpdir("snap");
+    let img = dir.join("a.pcow");
+    let p = img.to_str().unwrap();
+    create(&img, "16M", None);
+    run(&[&img], "write pmem0 0 256K 0x11; exit 0");
+    image(&["snapshot", "create", p, "before"]);
+    let out = run(
+        &[&img],
+        "write pmem0 4K 8K 0x22; sum pmem0 0 256K; write pmem0 1M 4K 0x33; exit 0",
+    );
+    let mut expect = vec![0x11u8; 256 * K];
+    expect[4 * K..12 * K].fill(0x22);
+    assert_eq!(sum(&out, "pmem0 0 256K"), probe_checksum(&expect));
+    assert_eq!(read(&img, 0, 256 * K), expect);
+    assert_eq!(read(&img, 1 << 20, 4 * K), vec![0x33; 4 * K]);
+    // Only the two written units were copied into the new epoch: a partial cluster.
+    let c = chain(&img);
+    let loc = c.lookup(0).expect("cluster 0 held");
+    assert_eq!(
+        loc.layer,
+        c.layer_count() - 1,
+        "cluster 0 copied up into the writable epoch"
+    );
+    let units = (c.cluster_size() / 4096) as u32;
+    let valid: Vec<u32> = (0..units).filter(|&u| loc.unit_valid(u)).collect();
+    assert_eq!(
+        valid,
+        vec![1, 2],
+        "4 KiB copy-on-write of exactly the written units"
+    );
+    drop(c);
+    check_clean(&img);
+
+    image(&["snapshot", "apply", p, "before"]);
+    let out = run(&[&img], "sum pmem0 0 256K; sum pmem0 1M 4K; exit 0");
+    assert_eq!(sum(&out, "pmem0 0 256K"), probe_checksum(&[0x11; 256 * K]));
+    assert_eq!(sum(&out, "pmem0 1M 4K"), probe_checksum(&[0; 4 * K]));
+    check_clean(&img);
+}
+
+#[test]
+fn guest_writes_over_a_base_image_leave_it_untouched() {
+    let dir = tmpdir("base");
+    let base = dir.join("base.pcow");
+    create(&base, "16M", None);
+    run(&[&base], "write pmem0 0 128K 0x44; exit 0");
+    let base_bytes = std::fs::read(&base).unwrap();
+    let top = dir.join("top.pcow");
+    create(&top, "16M", Some("base.pcow"));
+    let out = run(
+        &[&top],
+        "sum pmem0 0 128K; write pmem0 60K 8K 0x55; sum pmem0 0 128K; exit 0",
+    );
+    let mut expect = vec![0x44u8; 128 * K];
+    expect[60 * K..68 * K].fill(0x55);
+    assert_eq!(
+        std::fs::read(&base).unwrap(),
+        base_bytes,
+        "base file changed"
+    );
+    assert_eq!(read(&top, 0, 128 * K), expect);
+    assert_eq!(read(&base, 0, 128 * K), vec![0x44; 128 * K]);
+    assert!(
+        out.contains(&format!("= {:016x}", probe_checksum(&expect))),
+        "guest saw its write: {out}"
+    );
+    check_clean(&top);
+    check_clean(&base);
+    // Two regions in one VM: pmem0 and pmem1.
+    let other = dir.join("other.pcow");
+    create(&other, "8M", None);
+    let out = run(
+        &[&top, &other],
+        "write pmem1 0 4K 0x66; sum pmem1 0 4K; sum pmem0 60K 8K; exit 0",
+    );
+    assert_eq!(sum(&out, "pmem1 0 4K"), probe_checksum(&[0x66; 4 * K]));
+    assert_eq!(sum(&out, "pmem0 60K 8K"), probe_checksum(&[0x55; 8 * K]));
+}
