@@ -18,6 +18,16 @@ fn median(mut v: Vec<Duration>) -> Duration {
     v[v.len() / 2]
 }
 
+fn process_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the valid timespec we pass.
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
 fn rss_hwm_kib() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
@@ -91,13 +101,17 @@ fn main() {
     build_big_image(&big, n);
     let meta_bytes = n.div_ceil(1024) * 65536;
     let mut times = Vec::new();
+    let mut cpu = Vec::new();
     let hwm_before = rss_hwm_kib();
     for _ in 0..7 {
         let t = Instant::now();
+        let c0 = process_cpu();
         let c = Chain::open(&big, OpenOptions::default()).unwrap();
         assert!(c.lookup(n - 1).is_some());
         times.push(t.elapsed());
+        cpu.push(process_cpu() - c0);
     }
+    let open_cpu = median(cpu);
     let hwm_after = rss_hwm_kib();
     let open_med = median(times.clone());
     // Peer in the same run: reading the same metadata bytes without parsing.
@@ -193,9 +207,10 @@ fn main() {
     println!("| benchmark | result | peer (same run) | goal |");
     println!("|---|---|---|---|");
     println!(
-        "| open + map build, 1,048,576 allocated 64 KiB clusters (64 GiB virtual, {} MiB metadata), median of 7 | {:.1} ms | read of the same metadata without parsing: {:.1} ms | ≤ 50 ms |",
+        "| open + map build, 1,048,576 allocated 64 KiB clusters (64 GiB virtual, {} MiB metadata), median of 7 | {:.1} ms wall, {:.1} ms CPU (all threads) | read of the same metadata without parsing: {:.1} ms | ≤ 50 ms |",
         meta_bytes >> 20,
         open_med.as_secs_f64() * 1e3,
+        open_cpu.as_secs_f64() * 1e3,
         raw_med.as_secs_f64() * 1e3
     );
     println!(

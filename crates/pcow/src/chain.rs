@@ -684,6 +684,11 @@ impl Chain {
                 "logical cluster {logical} is not allocated in the writable layer"
             )));
         };
+        if self.images[0].slot(slot).kind != EntryKind::Data {
+            return Err(PcowError::InvalidParameter(format!(
+                "logical cluster {logical} is a zero tombstone: allocate it first"
+            )));
+        }
         let epoch = self.images[0].header().current_epoch;
         let img = self.top_mut()?;
         let full = img.geometry().full_bitmap();
