@@ -30,7 +30,7 @@ test-kernel-real: guest
 # Results also land in build/lab/boot-density.txt.
 bench-lab: guest
 	@mkdir -p build/lab
-	DENSEVM=$(LAB_DENSEVM) LAB_TIMEOUT=$${LAB_TIMEOUT:-1200} lab/run lab/bench/boot-density.sh > build/lab/boot-density.txt; \
+	DENSEVM=$(LAB_DENSEVM) LAB_TIMEOUT=$${LAB_TIMEOUT:-2400} lab/run lab/bench/boot-density.sh > build/lab/boot-density.txt; \
 	  status=$$?; cat build/lab/boot-density.txt; exit $$status
 
 TEST_TARGETS += test-lab

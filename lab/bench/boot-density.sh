@@ -64,15 +64,18 @@ for vmm in $VMMS; do
     i=1
     failed=""
     for pid in $pids; do
-      if wait_for_line "$work/vm$i.log" DENSEVM-GUEST-INIT "$INIT_TIMEOUT"; then
-        times="$times $(awk -v a="$start" -v b="$(uptime_s)" 'BEGIN{printf "%.2f", b-a}')"
-      elif ! kill -0 "$pid" 2>/dev/null; then
-        failed="exited before init: $(tail -n 3 "$work/vm$i.err" "$work/vm$i.log" 2>/dev/null | tr '\n' ' ' | cut -c1-300)"
-        break
-      else
-        failed="no DENSEVM-GUEST-INIT within ${INIT_TIMEOUT}s"
-        break
-      fi
+      wait_for_line_pid "$work/vm$i.log" DENSEVM-GUEST-INIT "$INIT_TIMEOUT" "$pid"
+      case $? in
+        0) times="$times $(awk -v a="$start" -v b="$(uptime_s)" 'BEGIN{printf "%.2f", b-a}')" ;;
+        2)
+          failed="exited before init: $(cat "$work/vm$i.err" "$work/vm$i.log" 2>/dev/null | tail -n 3 | tr '\n' ' ' | cut -c1-300)"
+          break
+          ;;
+        *)
+          failed="no DENSEVM-GUEST-INIT within ${INIT_TIMEOUT}s"
+          break
+          ;;
+      esac
       i=$((i + 1))
     done
     # The init marker comes before the guest settles; let it go idle before measuring.

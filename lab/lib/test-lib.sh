@@ -53,3 +53,19 @@ mapping_kb() {
 uss_kb() {
   awk '$1 == "Private_Clean:" || $1 == "Private_Dirty:" { s += $2 } END { print s + 0 }' "/proc/$1/smaps_rollup"
 }
+
+# wait_for_line_pid FILE PATTERN SECONDS PID: like wait_for_line, but gives up at once
+# (status 2) when process PID has exited without FILE containing PATTERN.
+wait_for_line_pid() {
+  _i=0
+  while [ "$_i" -lt "$(($3 * 10))" ]; do
+    grep -qF "$2" "$1" 2>/dev/null && return 0
+    if ! kill -0 "$4" 2>/dev/null; then
+      grep -qF "$2" "$1" 2>/dev/null && return 0
+      return 2
+    fi
+    sleep 0.1
+    _i=$((_i + 1))
+  done
+  return 1
+}
