@@ -229,9 +229,10 @@ fn read_loop(
             continue;
         }
         let mut q = shared.lock();
-        if q.jobs.is_empty() && q.inflight.is_empty() && !reader.has_buffered() {
-            // Nothing else outstanding and the client is waiting for this
-            // reply: serve it here and save a thread hand-off.
+        if q.jobs.is_empty() && !reader.has_buffered() {
+            // No backlog and nothing more buffered: the client waits for
+            // this reply, so serve it here and save two thread hand-offs
+            // (requests already with workers keep running in parallel).
             drop(q);
             out.clear();
             session.handle(&frame, &mut out);

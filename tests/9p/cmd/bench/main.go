@@ -22,6 +22,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/hugelgupf/p9/p9"
@@ -37,6 +38,7 @@ var (
 	rounds    = flag.Int("rounds", 2, "rounds per server (best is reported)")
 	metaOps   = flag.Int("meta-ops", 40000, "operations in the metadata storm")
 	outPath   = flag.String("out", "", "write the markdown result here too")
+	only      = flag.String("only", "", "profile mode: run just this server (densevm or diod), no table")
 	msize     = flag.Uint("msize", 65536, "msize the client asks for (diod serves at most 64 KiB reads)")
 	perDir    = 1000
 	bigName   = "big.bin"
@@ -44,8 +46,15 @@ var (
 	readyName = ".complete"
 )
 
+// running servers, stopped by die so that no server outlives the benchmark.
+var running sync.Map
+
 func die(format string, a ...any) {
 	fmt.Fprintf(os.Stderr, "bench: "+format+"\n", a...)
+	running.Range(func(k, _ any) bool {
+		k.(*server).stop()
+		return true
+	})
 	os.Exit(1)
 }
 
@@ -133,7 +142,9 @@ func start(name, root string) *server {
 	for i := 0; i < 200; i++ {
 		if c, err := net.Dial("tcp", addr); err == nil {
 			c.Close()
-			return &server{name: name, cmd: cmd, addr: addr}
+			s := &server{name: name, cmd: cmd, addr: addr}
+			running.Store(s, true)
+			return s
 		}
 		time.Sleep(25 * time.Millisecond)
 	}
@@ -150,8 +161,17 @@ func (s *server) stop() string {
 			}
 		}
 	}
-	s.cmd.Process.Kill()
-	s.cmd.Wait()
+	running.Delete(s)
+	// SIGTERM first (lets a profiler wrapper flush), then SIGKILL.
+	s.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { s.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		s.cmd.Process.Kill()
+		<-done
+	}
 	return hwm
 }
 
@@ -302,20 +322,42 @@ func metaStorm(root p9.File, scratch string) time.Duration {
 	})
 }
 
+// cpuSeconds is the user+system CPU time a process has used so far.
+func cpuSeconds(pid int) float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// Fields after the parenthesised command name; utime and stime are fields 14 and 15.
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
+	var ut, st float64
+	fmt.Sscan(f[11], &ut)
+	fmt.Sscan(f[12], &st)
+	return (ut + st) / 100 // USER_HZ
+}
+
 type result struct {
-	many, seq, meta time.Duration
-	seqBig          time.Duration // densevm only: 1 MiB msize
-	rss             string
+	manyCPU, seqCPU, metaCPU float64 // server CPU seconds (best round)
+	many, seq, meta          time.Duration
+	seqBig                   time.Duration // densevm only: 1 MiB msize
+	rss                      string
 }
 
 func run(name, root string) result {
-	best := result{many: 1 << 62, seq: 1 << 62, meta: 1 << 62}
+	best := result{many: 1 << 62, seq: 1 << 62, meta: 1 << 62, manyCPU: 1e9, seqCPU: 1e9, metaCPU: 1e9}
 	s := start(name, root)
+	pid := s.cmd.Process.Pid
+	timed := func(fn func() time.Duration) (time.Duration, float64) {
+		c0 := cpuSeconds(pid)
+		d := fn()
+		return d, cpuSeconds(pid) - c0
+	}
 	for r := 0; r < *rounds; r++ {
 		c, rf := connect(s, root, uint32(*msize))
-		m := manyFiles(rf)
-		sq := seqRead(rf)
-		mt := metaStorm(rf, fmt.Sprintf("scratch-%s-%d-%d", name, os.Getpid(), r))
+		m, mc := timed(func() time.Duration { return manyFiles(rf) })
+		sq, sc := timed(func() time.Duration { return seqRead(rf) })
+		mt, tc := timed(func() time.Duration { return metaStorm(rf, fmt.Sprintf("scratch-%s-%d-%d", name, os.Getpid(), r)) })
+		best.manyCPU, best.seqCPU, best.metaCPU = min(best.manyCPU, mc), min(best.seqCPU, sc), min(best.metaCPU, tc)
 		c.Close()
 		fmt.Fprintf(os.Stderr, "bench: %s round %d: many-files %v, seq-read %v, meta-storm %v\n", name, r, m, sq, mt)
 		best.many, best.seq, best.meta = min(best.many, m), min(best.seq, sq), min(best.meta, mt)
@@ -345,6 +387,10 @@ func main() {
 		os.RemoveAll(o)
 	}
 	warm(root)
+	if *only != "" {
+		run(*only, root)
+		return
+	}
 	d := run("densevm", root)
 	o := run("diod", root)
 	rate := func(n int, t time.Duration) string { return fmt.Sprintf("%.0f/s", float64(n)/t.Seconds()) }
@@ -358,6 +404,13 @@ func main() {
 	fmt.Fprintf(&b, "| seq-read, msize 1 MiB (diod cannot) | %s | - | |\n", mib(d.seqBig))
 	fmt.Fprintf(&b, "| meta-storm: %d ops (3/4 walk+getattr+clunk, 1/4 create+clunk+walk+remove), %d concurrent | %s | %s | %.2fx |\n",
 		*metaOps, *workers, rate(*metaOps, d.meta), rate(*metaOps, o.meta), o.meta.Seconds()/d.meta.Seconds())
+	cpu := func(what string, n int, dc, oc float64) {
+		fmt.Fprintf(&b, "| server CPU, %s | %.1f µs/op (%.2f s) | %.1f µs/op (%.2f s) | **%.2fx** |\n",
+			what, dc/float64(n)*1e6, dc, oc/float64(n)*1e6, oc, oc/max(dc, 0.01))
+	}
+	cpu("many-files", *files, d.manyCPU, o.manyCPU)
+	cpu("seq-read (per MiB)", *bigMiB, d.seqCPU, o.seqCPU)
+	cpu("meta-storm", *metaOps, d.metaCPU, o.metaCPU)
 	fmt.Fprintf(&b, "| server peak RSS (VmHWM) | %s | %s | |\n", d.rss, o.rss)
 	fmt.Print(b.String())
 	if *outPath != "" {
