@@ -80,7 +80,7 @@ fi
 if newer vmlinux vmlinuz; then
   [ -x "$DENSEVM" ] || die "missing $DENSEVM; run 'make build' first"
   log "extracting vmlinux with densevm kernel extract"
-  "$DENSEVM" kernel extract vmlinuz -o vmlinux.tmp
-  mv vmlinux.tmp vmlinux
+  # densevm writes a temporary file and renames it, so mapped copies stay intact.
+  "$DENSEVM" kernel extract vmlinuz -o vmlinux
 fi
 log "guest ready in $GUEST_DIR: $(cat kernel-package), vmlinuz $(stat -c %s vmlinuz) B, vmlinux $(stat -c %s vmlinux) B, initrd $(stat -c %s initrd.cpio.gz) B"
