@@ -1,7 +1,7 @@
 //! ACPI tables for Linux guests: RSDP → XSDT → {FADT (hardware-reduced, with sleep-control
 //! and reset registers) → DSDT (`_S5_`), MADT (one local APIC per vCPU, the IOAPIC)}.
 
-use acpi_tables::aml::{Name, Package};
+use acpi_tables::aml::{Device, EISAName, Interrupt, Name, Package, ResourceTemplate, Scope, IO};
 use acpi_tables::fadt::{FADTBuilder, Flags};
 use acpi_tables::gas::{AccessSize, AddressSpace, GAS};
 use acpi_tables::madt::{
@@ -22,6 +22,8 @@ pub const IOAPIC_ADDR: u32 = 0xfec0_0000;
 /// The local APIC's MMIO base.
 pub const LAPIC_ADDR: u32 = 0xfee0_0000;
 
+const COM1_PORT: u16 = 0x3f8;
+const COM1_IRQ: u32 = 4;
 const OEM_ID: [u8; 6] = *b"DNSEVM";
 const OEM_TABLE: [u8; 8] = *b"DENSEVM ";
 
@@ -48,6 +50,19 @@ pub fn build_tables(cpus: u32) -> Vec<(u64, Vec<u8>)> {
     let mut dsdt = Sdt::new(*b"DSDT", 36, 6, OEM_ID, OEM_TABLE, 1);
     let s5 = Package::new(vec![&ACPI_S5_SLEEP_TYPE]);
     dsdt.append_slice(&bytes(&Name::new("_S5_".into(), &s5)));
+    // COM1 as an ACPI device: with hardware-reduced ACPI there is no legacy PIC and no
+    // implicit ISA IRQ set-up, so the 8250 driver gets its interrupt (GSI 4, edge) from
+    // this _CRS; without it the UART's transmit interrupt never reaches the guest.
+    let hid = EISAName::new("PNP0501");
+    let uid = 0u8;
+    let io = IO::new(COM1_PORT, COM1_PORT, 1, 8);
+    let irq = Interrupt::new(true, true, false, false, COM1_IRQ);
+    let crs = ResourceTemplate::new(vec![&io, &irq]);
+    let hid_name = Name::new("_HID".into(), &hid);
+    let uid_name = Name::new("_UID".into(), &uid);
+    let crs_name = Name::new("_CRS".into(), &crs);
+    let com1 = Device::new("COM1".into(), vec![&hid_name, &uid_name, &crs_name]);
+    dsdt.append_slice(&bytes(&Scope::new("\\_SB_".into(), vec![&com1])));
     let dsdt_bytes = bytes(&dsdt);
     let dsdt_addr = place(dsdt_bytes.len());
 
@@ -125,5 +140,6 @@ mod tests {
         assert_eq!(madt.len(), 44 + 4 * 8 + 12);
         let dsdt = &tables[1].1;
         assert!(dsdt.windows(4).any(|w| w == b"_S5_"));
+        assert!(dsdt.windows(4).any(|w| w == b"COM1"));
     }
 }
