@@ -444,7 +444,15 @@ impl Chain {
     /// Writes guest bytes at `offset`: data first, one flush, then the entries (not flushed;
     /// call [`Chain::flush`] to make the write durable).
     pub fn write(&mut self, offset: u64, data: &[u8]) -> Result<()> {
-        self.check_range(offset, data.len() as u64)?;
+        self.write_vectored(&[(offset, data)])
+    }
+
+    /// Writes several ranges with a single data flush before their entry updates (used by
+    /// bulk copies such as `convert`). Same ordering as [`Chain::write`].
+    pub fn write_vectored(&mut self, parts: &[(u64, &[u8])]) -> Result<()> {
+        for (offset, data) in parts {
+            self.check_range(*offset, data.len() as u64)?;
+        }
         self.top_mut()?;
         let cs = self.cluster_size();
         let top = self.top_layer();
@@ -452,69 +460,83 @@ impl Chain {
         let full = self.geometry().full_bitmap();
         // (slot, logical, new bitmap, newly allocated)
         let mut pending: Vec<(u64, u64, Vec<u64>, bool)> = Vec::new();
-        let mut done = 0usize;
+        let mut pending_idx: HashMap<u64, usize> = HashMap::new();
         let mut unit_buf = vec![0u8; UNIT_SIZE as usize];
-        while done < data.len() {
-            let at = offset + done as u64;
-            let logical = at / cs;
-            let n = ((cs - at % cs) as usize).min(data.len() - done);
-            let piece = &data[done..done + n];
-            let in_cluster = at % cs;
-            let (slot, mut bitmap, newly) = match self.layers[top].index.get(logical) {
-                Some(slot) => {
-                    let img = &self.images[0];
-                    match img.slot(slot).kind {
-                        // A tombstone's data cluster was punched: it is all zeros and valid.
-                        EntryKind::Zero => (slot, full.clone(), false),
-                        _ => (slot, img.bitmap(slot).to_vec(), false),
+        for &(offset, data) in parts {
+            let mut done = 0usize;
+            while done < data.len() {
+                let at = offset + done as u64;
+                let logical = at / cs;
+                let n = ((cs - at % cs) as usize).min(data.len() - done);
+                let piece = &data[done..done + n];
+                let in_cluster = at % cs;
+                let pend = pending_idx.get(&logical).copied();
+                let (slot, mut bitmap, newly) = match self.layers[top].index.get(logical) {
+                    Some(slot) if pend.is_some() => {
+                        let p = &pending[pend.unwrap_or(0)];
+                        (slot, p.2.clone(), p.3)
                     }
-                }
-                None => (self.images[0].take_slot(false)?, vec![0u64; words], true),
-            };
-            let was_zero_kind = !newly && self.images[0].slot(slot).kind == EntryKind::Zero;
-            let first = (in_cluster / UNIT_SIZE) as u32;
-            let last = ((in_cluster + n as u64 - 1) / UNIT_SIZE) as u32;
-            // Units written directly are coalesced into one write per contiguous span.
-            let mut span: Option<(u64, u64)> = None;
-            for u in first..=last {
-                let ustart = u as u64 * UNIT_SIZE;
-                let lo = in_cluster.max(ustart);
-                let hi = (in_cluster + n as u64).min(ustart + UNIT_SIZE);
-                let src = &piece[(lo - in_cluster) as usize..(hi - in_cluster) as usize];
-                let valid = bitmap[(u / 64) as usize] & (1 << (u % 64)) != 0;
-                if valid || (lo == ustart && hi == ustart + UNIT_SIZE) {
-                    span = Some((span.map_or(lo, |s| s.0), hi));
-                } else {
-                    if let Some((a, b)) = span.take() {
-                        let bytes = &piece[(a - in_cluster) as usize..(b - in_cluster) as usize];
-                        self.images[0].write_data(slot, a, bytes)?;
+                    Some(slot) => {
+                        let img = &self.images[0];
+                        match img.slot(slot).kind {
+                            // A tombstone's data cluster was punched: it is all zeros and valid.
+                            EntryKind::Zero => (slot, full.clone(), false),
+                            _ => (slot, img.bitmap(slot).to_vec(), false),
+                        }
                     }
-                    // Partial write of a unit held below: copy the unit up, then merge.
-                    let below = if top == 0 {
-                        UnitSource::Zero
+                    None => (self.images[0].take_slot(false)?, vec![0u64; words], true),
+                };
+                let was_zero_kind =
+                    pend.is_none() && !newly && self.images[0].slot(slot).kind == EntryKind::Zero;
+                let first = (in_cluster / UNIT_SIZE) as u32;
+                let last = ((in_cluster + n as u64 - 1) / UNIT_SIZE) as u32;
+                // Units written directly are coalesced into one write per contiguous span.
+                let mut span: Option<(u64, u64)> = None;
+                for u in first..=last {
+                    let ustart = u as u64 * UNIT_SIZE;
+                    let lo = in_cluster.max(ustart);
+                    let hi = (in_cluster + n as u64).min(ustart + UNIT_SIZE);
+                    let src = &piece[(lo - in_cluster) as usize..(hi - in_cluster) as usize];
+                    let valid = bitmap[(u / 64) as usize] & (1 << (u % 64)) != 0;
+                    if valid || (lo == ustart && hi == ustart + UNIT_SIZE) {
+                        span = Some((span.map_or(lo, |s| s.0), hi));
                     } else {
-                        self.resolve_unit_below(logical, u, top - 1)
-                    };
-                    self.read_unit_from(below, &mut unit_buf, 0)?;
-                    unit_buf[(lo - ustart) as usize..(hi - ustart) as usize].copy_from_slice(src);
-                    self.images[0].write_data(slot, ustart, &unit_buf)?;
+                        if let Some((a, b)) = span.take() {
+                            let bytes =
+                                &piece[(a - in_cluster) as usize..(b - in_cluster) as usize];
+                            self.images[0].write_data(slot, a, bytes)?;
+                        }
+                        // Partial write of a unit held below: copy the unit up, then merge.
+                        let below = if top == 0 {
+                            UnitSource::Zero
+                        } else {
+                            self.resolve_unit_below(logical, u, top - 1)
+                        };
+                        self.read_unit_from(below, &mut unit_buf, 0)?;
+                        unit_buf[(lo - ustart) as usize..(hi - ustart) as usize]
+                            .copy_from_slice(src);
+                        self.images[0].write_data(slot, ustart, &unit_buf)?;
+                    }
+                    bitmap[(u / 64) as usize] |= 1 << (u % 64);
                 }
-                bitmap[(u / 64) as usize] |= 1 << (u % 64);
-            }
-            if let Some((a, b)) = span {
-                let bytes = &piece[(a - in_cluster) as usize..(b - in_cluster) as usize];
-                self.images[0].write_data(slot, a, bytes)?;
-            }
-            let changed =
-                newly || was_zero_kind || bitmap.as_slice() != self.images[0].bitmap(slot);
-            if changed {
-                pending.push((slot, logical, bitmap, newly));
-                if newly {
-                    // Reserve it in the map now so a later piece of this write finds it.
-                    self.layers[top].index.insert(logical, slot);
+                if let Some((a, b)) = span {
+                    let bytes = &piece[(a - in_cluster) as usize..(b - in_cluster) as usize];
+                    self.images[0].write_data(slot, a, bytes)?;
                 }
+                let changed =
+                    newly || was_zero_kind || bitmap.as_slice() != self.images[0].bitmap(slot);
+                if let Some(i) = pend {
+                    pending[i].2 = bitmap;
+                } else if changed {
+                    pending_idx.insert(logical, pending.len());
+                    pending.push((slot, logical, bitmap, newly));
+                    if newly {
+                        // Reserve it in the map now so a later piece of this write finds it.
+                        self.layers[top].index.insert(logical, slot);
+                    }
+                }
+                done += n;
             }
-            done += n;
         }
         if pending.is_empty() {
             return Ok(());

@@ -302,3 +302,30 @@ fn parallel_scan_of_many_segments_matches_writes() {
     }
     assert_eq!(c.check().exit_code(), 0);
 }
+
+#[test]
+fn vectored_write_with_two_parts_in_one_cluster_keeps_both() {
+    let base = mem("base");
+    create_in(base.clone(), CS, 2 * CS, None);
+    let mut b = open_chain(std::slice::from_ref(&base)).unwrap();
+    b.write(0, &pattern(9, (2 * CS) as usize)).unwrap();
+    b.flush().unwrap();
+    drop(b);
+    let top = mem("top");
+    create_in(top.clone(), CS, 2 * CS, Some(&base));
+    let files = vec![top, base];
+    let mut c = open_chain(&files).unwrap();
+    let mut want = read_all(&c);
+    let (p1, p2) = (pattern(1, 100), pattern(2, 5000));
+    c.write_vectored(&[(10, &p1), (4000, &p2)]).unwrap();
+    c.flush().unwrap();
+    want[10..110].copy_from_slice(&p1);
+    want[4000..9000].copy_from_slice(&p2);
+    assert_same(&read_all(&c), &want, "vectored write");
+    drop(c);
+    assert_same(
+        &read_all(&open_chain(&files).unwrap()),
+        &want,
+        "after reopen",
+    );
+}

@@ -572,7 +572,9 @@ fn raw_to_pcow(src: &Path, dst: &Path, cs: u64, progress: bool) -> anyhow::Resul
         let n = batch.min(size - at) as usize;
         f.seek(SeekFrom::Start(at))?;
         f.read_exact(&mut buf[..n])?;
-        // Skip all-zero clusters (thin provisioning), write runs of non-zero ones.
+        // Skip all-zero clusters (thin provisioning), write runs of non-zero ones, all
+        // runs of a batch with one data flush.
+        let mut runs: Vec<(u64, &[u8])> = Vec::new();
         let mut c = 0usize;
         while c < n {
             let end = (c + cs as usize).min(n);
@@ -585,12 +587,13 @@ fn raw_to_pcow(src: &Path, dst: &Path, cs: u64, progress: bool) -> anyhow::Resul
                     }
                     run_end = e2;
                 }
-                chain.write(at + c as u64, &buf[c..run_end])?;
+                runs.push((at + c as u64, &buf[c..run_end]));
                 c = run_end;
             } else {
                 c = end;
             }
         }
+        chain.write_vectored(&runs)?;
         at += n as u64;
         report(at, size);
     }
