@@ -329,3 +329,32 @@ fn vectored_write_with_two_parts_in_one_cluster_keeps_both() {
         "after reopen",
     );
 }
+
+#[test]
+fn safe_rebase_onto_another_base_keeps_the_view() {
+    let a = mem("a");
+    let b = mem("b");
+    for (s, seed) in [(&a, 1u8), (&b, 2u8)] {
+        create_in(s.clone(), 16384, 8 * 16384, None);
+        let mut c = open_chain(std::slice::from_ref(s)).unwrap();
+        c.write(0, &pattern(seed, 6 * 16384)).unwrap();
+        c.discard(16384, 16384).unwrap();
+        c.flush().unwrap();
+    }
+    let top = mem("top");
+    create_in(top.clone(), 16384, 8 * 16384, Some(&a));
+    let mut c = open_chain(&[top.clone(), a.clone()]).unwrap();
+    c.write(5000, &pattern(7, 3000)).unwrap();
+    c.discard(3 * 16384, 16384).unwrap();
+    c.flush().unwrap();
+    let want = read_all(&c);
+    let nb = open_chain(std::slice::from_ref(&b)).unwrap();
+    c.rebase(Some(("b", nb)), false, |_, _| {}).unwrap();
+    assert_same(&read_all(&c), &want, "after rebase");
+    drop(c);
+    let c = open_chain(&[top.clone(), b.clone()]).unwrap();
+    assert_same(&read_all(&c), &want, "reopened on the new base");
+    assert_eq!(c.images()[0].header().backing_name, "b");
+    // The old base no longer matches the recorded identity.
+    assert!(open_chain(&[top, a]).is_err());
+}
