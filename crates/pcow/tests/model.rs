@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use common::*;
-use pcow::{Chain, Storage};
+use pcow::{AllocInit, Chain, Storage};
 use proptest::prelude::*;
 
 const CS: u64 = 16384;
@@ -15,14 +15,31 @@ const SIZE: u64 = 16 * CS;
 
 #[derive(Clone, Debug)]
 enum Op {
-    Write { off: u64, len: u64, seed: u8 },
-    Discard { off: u64, len: u64 },
+    Write {
+        off: u64,
+        len: u64,
+        seed: u8,
+    },
+    Discard {
+        off: u64,
+        len: u64,
+    },
     SnapCreate(u8),
     SnapApply(u8),
     SnapDelete(u8),
     Commit,
     Compact,
     Reopen,
+    /// Mapping-service copy-on-write of one 4 KiB unit.
+    MapCow {
+        cluster: u64,
+        unit: u64,
+        seed: u8,
+    },
+    /// Mapping-service expansion of an unallocated cluster.
+    MapExpand {
+        cluster: u64,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -39,6 +56,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Commit),
         1 => Just(Op::Compact),
         2 => Just(Op::Reopen),
+        2 => (0..SIZE / CS, 0..CS / 4096, any::<u8>()).prop_map(|(cluster, unit, seed)| Op::MapCow { cluster, unit, seed }),
+        1 => (0..SIZE / CS).prop_map(|cluster| Op::MapExpand { cluster }),
     ]
 }
 
@@ -120,6 +139,32 @@ fn run(ops: Vec<Op>) {
                     assert_same(&read_all(&b), &model.base, "base after commit");
                 } else {
                     assert!(r.is_err());
+                }
+            }
+            Op::MapCow {
+                cluster,
+                unit,
+                seed,
+            } => {
+                let a = chain.allocate(cluster, AllocInit::Empty).unwrap();
+                let data = pattern(seed, 4096);
+                let top = chain.images()[0].storage().clone();
+                top.write_at(&data, a.file_offset + unit * 4096).unwrap();
+                top.flush().unwrap();
+                chain.mark_valid(cluster, &[1u64 << unit]).unwrap();
+                let at = (cluster * CS + unit * 4096) as usize;
+                model.current[at..at + 4096].copy_from_slice(&data);
+            }
+            Op::MapExpand { cluster } => {
+                if chain.lookup(cluster).is_none() {
+                    let a = chain.allocate(cluster, AllocInit::Zeroed).unwrap();
+                    assert!(a.newly_allocated);
+                    assert!(
+                        !chain
+                            .allocate(cluster, AllocInit::Zeroed)
+                            .unwrap()
+                            .newly_allocated
+                    );
                 }
             }
             Op::Compact => {
