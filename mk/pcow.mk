@@ -15,8 +15,8 @@ test-pcow: build
 bench-pcow: build
 	@mkdir -p build
 	DENSEVM_BIN=$(PCOW_DENSEVM) PCOW_BENCH_DIR=$(CURDIR)/build/pcow-bench \
-	  $(CARGO) bench -p pcow --bench pcow_bench | tee build/pcow-bench.md
-	@rm -rf build/pcow-bench
+	  $(CARGO) bench -p pcow --bench pcow_bench > build/pcow-bench.md; rc=$$?; \
+	  rm -rf build/pcow-bench; cat build/pcow-bench.md; exit $$rc
 
 # cargo-fuzz needs nightly flags; RUSTC_BOOTSTRAP=1 lets the stable toolchain accept them.
 fuzz-pcow: deps
