@@ -253,7 +253,9 @@ fn main() {
     }
     let run = |cmd: &mut Command| -> Duration {
         let t = Instant::now();
-        let st = cmd.status().expect("spawn");
+        let st = cmd.status().unwrap_or_else(|e| {
+            panic!("cannot run {cmd:?}: {e} (needs DENSEVM_BIN and qemu-img from qemu-utils)")
+        });
         assert!(st.success(), "{cmd:?} failed");
         t.elapsed()
     };
