@@ -8,6 +8,9 @@ use densevm_vmm::{run_vm, Payload, RunOutcome, VmConfig, VmEnd};
 use serde_json::{json, Map, Value};
 use std::time::{Duration, Instant};
 
+/// The kernel command line used when `--cmdline` is not given.
+pub const DEFAULT_CMDLINE: &str = "console=ttyS0 reboot=acpi panic=-1";
+
 /// The script `--probe` runs when given no script: an idle guest that exits at once.
 pub const DEFAULT_PROBE_SCRIPT: &str = "exit 0";
 
@@ -23,8 +26,18 @@ pub struct RunArgs {
     /// Run the built-in probe guest with this `;`-separated script
     /// (touch SIZE | touch/read/sum REGION OFF LEN | write REGION OFF LEN BYTE | mark ID |
     /// crash triple-fault|mmio-exec|int3 | reset | exit CODE). Without a script: `exit 0`.
-    #[arg(long, num_args = 0..=1, default_missing_value = DEFAULT_PROBE_SCRIPT, value_name = "SCRIPT")]
+    #[arg(long, num_args = 0..=1, default_missing_value = DEFAULT_PROBE_SCRIPT, value_name = "SCRIPT", conflicts_with = "kernel")]
     pub probe: Option<String>,
+    /// Boot this Linux kernel: an ELF vmlinux with a PVH entry (mapped from the file,
+    /// shared between VMs) or a bzImage (64-bit boot protocol).
+    #[arg(long, value_name = "FILE")]
+    pub kernel: Option<std::path::PathBuf>,
+    /// Initrd for --kernel, mapped from its file.
+    #[arg(long, value_name = "FILE")]
+    pub initrd: Option<std::path::PathBuf>,
+    /// Kernel command line for --kernel [default: console=ttyS0 reboot=acpi panic=-1].
+    #[arg(long)]
+    pub cmdline: Option<String>,
     /// Print the boot trace points as a table (on stderr) when the VM ends.
     #[arg(long)]
     pub trace: bool,
@@ -118,10 +131,18 @@ fn print_report(m: &MemoryReport) {
 /// Runs the VM; returns the guest-requested exit code.
 pub fn main(args: RunArgs) -> anyhow::Result<i32> {
     let origin = crate::process_start();
-    let Some(script_text) = &args.probe else {
-        bail!("nothing to run: give --probe [SCRIPT] (Linux guests: --kernel, coming with the Linux boot path)");
+    if args.kernel.is_none() && (args.initrd.is_some() || args.cmdline.is_some()) {
+        bail!("--initrd and --cmdline only apply to a Linux guest: add --kernel FILE");
+    }
+    let payload = match (&args.probe, &args.kernel) {
+        (Some(script), None) => Payload::Probe(densevm_probe::parse_script(script).context("invalid --probe script")?),
+        (None, Some(kernel)) => Payload::Linux {
+            kernel: kernel.clone(),
+            initrd: args.initrd.clone(),
+            cmdline: args.cmdline.clone().unwrap_or_else(|| DEFAULT_CMDLINE.to_string()),
+        },
+        _ => bail!("nothing to run: give --kernel FILE [--initrd FILE] for Linux, or --probe [SCRIPT] for the probe guest"),
     };
-    let script = densevm_probe::parse_script(script_text).context("invalid --probe script")?;
     let console: Box<dyn std::io::Write + Send> = if args.json {
         Box::new(std::io::stderr())
     } else {
@@ -138,7 +159,7 @@ pub fn main(args: RunArgs) -> anyhow::Result<i32> {
     let config = VmConfig {
         memory_bytes: args.memory,
         cpus: args.cpus,
-        payload: Payload::Probe(script),
+        payload,
         console,
         timeout,
         origin,
