@@ -50,6 +50,9 @@ pub(crate) struct Inner {
     /// Allocations since the last pool refill; the refill thread waits on `refill_cv`.
     pub refill: Mutex<(u64, bool)>,
     pub refill_cv: Condvar,
+    /// One past the highest slot allocated through this region (the pool is zero-filled
+    /// from there on).
+    pub alloc_end: AtomicU64,
 }
 
 /// A run of contiguous host pages mapped from one file.
@@ -180,6 +183,7 @@ impl Inner {
 
     fn expand(&self, logical: u64) -> Result<()> {
         let a = self.chain.allocate(logical, AllocInit::Zeroed)?;
+        self.alloc_end.fetch_max(a.slot + 1, Ordering::Relaxed);
         self.map_run(&Run {
             offset: logical * self.cluster,
             len: self.cluster,
@@ -207,6 +211,7 @@ impl Inner {
             vec![unit]
         };
         let a = self.chain.allocate(logical, AllocInit::Empty)?;
+        self.alloc_end.fetch_max(a.slot + 1, Ordering::Relaxed);
         if a.newly_allocated {
             self.note_allocation();
         }
@@ -288,7 +293,7 @@ impl Inner {
     }
 }
 
-fn pwrite_all(fd: RawFd, buf: &[u8], offset: u64) -> Result<()> {
+pub(crate) fn pwrite_all(fd: RawFd, buf: &[u8], offset: u64) -> Result<()> {
     let mut done = 0usize;
     while done < buf.len() {
         // SAFETY: writing from a live buffer to a descriptor of the open chain.

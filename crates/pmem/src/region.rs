@@ -257,6 +257,7 @@ impl PmemRegion {
             counters: Counters::default(),
             refill: Mutex::new((0, false)),
             refill_cv: Condvar::new(),
+            alloc_end: std::sync::atomic::AtomicU64::new(0),
         });
         let unmap = |e: PmemError| {
             // SAFETY: unmapping our own reservation on the error path.

@@ -116,6 +116,7 @@ fn on_uffd_fault(inner: &Inner, uffd: &Uffd, msg: crate::uffd::Msg) {
 /// Keeps `pool` clusters pre-allocated at the end of the top file: runs at start, then
 /// whenever enough allocations have happened, until the region is dropped.
 pub(crate) fn refill(inner: &Inner, pool: u64) {
+    let mut next = first_unused_slot(inner);
     let mut r = inner.refill.lock().unwrap_or_else(|p| p.into_inner());
     loop {
         if r.1 {
@@ -126,6 +127,12 @@ pub(crate) fn refill(inner: &Inner, pool: u64) {
         if let Err(e) = inner.chain.preallocate(pool) {
             tracing::warn!("pmem: pre-allocation failed: {e}");
         }
+        let from = next.max(inner.alloc_end.load(Ordering::Relaxed));
+        let ahead = (from - inner.alloc_end.load(Ordering::Relaxed).min(from)).min(ZERO_AHEAD);
+        match zero_fill(inner, from, ZERO_AHEAD.min(pool) - ahead) {
+            Ok(n) => next = n,
+            Err(e) => tracing::warn!("pmem: zero-filling the pool failed: {e}"),
+        }
         r = inner.refill.lock().unwrap_or_else(|p| p.into_inner());
         while !r.1 && r.0 < crate::REFILL_EVERY {
             r = inner
@@ -135,4 +142,51 @@ pub(crate) fn refill(inner: &Inner, pool: u64) {
                 .0;
         }
     }
+}
+
+/// Pool clusters kept zero-filled ahead of allocation.
+const ZERO_AHEAD: u64 = 128;
+
+/// One past the highest slot of the top file that holds an entry.
+fn first_unused_slot(inner: &Inner) -> u64 {
+    let c = inner.chain.read();
+    let img = &c.images()[0];
+    let mut s = img.slot_count();
+    while s > 0 && img.slot(s - 1).kind == pcow::EntryKind::Free {
+        s -= 1;
+    }
+    s
+}
+
+/// Writes zeros over the data clusters of up to `count` free slots from `from`, within the
+/// preallocated file. A fallocated cluster is an unwritten extent: the first store to each
+/// of its pages through the mapping then costs ~100 µs (extent conversion); a written one
+/// costs a few µs. Runs under the fault lock, so no slot is allocated meanwhile, and only
+/// touches free slots, whose data nobody reads. Returns the next slot to fill.
+fn zero_fill(inner: &Inner, mut slot: u64, count: u64) -> crate::Result<u64> {
+    let zeros = vec![0u8; inner.cluster as usize];
+    // SAFETY: an all-zero stat is a valid buffer for fstat to fill.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat into a stat buffer we own.
+    if unsafe { libc::fstat(inner.fds[0], &mut st) } != 0 {
+        return Err(crate::error::sys("fstat of the top image", 0, 0));
+    }
+    let file_len = st.st_size as u64;
+    let end = slot + count;
+    while slot < end {
+        let _faults = inner.state.lock().unwrap_or_else(|p| p.into_inner());
+        let c = inner.chain.read();
+        let img = &c.images()[0];
+        let geo = img.geometry();
+        for _ in 0..8 {
+            if slot >= end || geo.data_offset(slot) + inner.cluster > file_len {
+                return Ok(slot);
+            }
+            if img.slot(slot).kind == pcow::EntryKind::Free {
+                crate::fault::pwrite_all(inner.fds[0], &zeros, geo.data_offset(slot))?;
+            }
+            slot += 1;
+        }
+    }
+    Ok(slot)
 }
