@@ -161,7 +161,11 @@ fn kill_9_during_guest_writes_keeps_the_image_consistent() {
             }
         }
     }
-    assert_eq!(std::fs::read(&base).unwrap(), base_bytes, "base file changed");
+    assert_eq!(
+        std::fs::read(&base).unwrap(),
+        base_bytes,
+        "base file changed"
+    );
     check_clean(&base, rounds, seed);
     eprintln!(
         "pmem crash test: {killed} killed, {completed} completed in {:.1} s",
