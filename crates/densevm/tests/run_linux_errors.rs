@@ -22,7 +22,10 @@ fn run(args: &[&str]) -> (Option<i32>, String) {
 fn missing_kernel() {
     let (code, err) = run(&["--kernel", "/nonexistent/vmlinux"]);
     assert_eq!(code, Some(1));
-    assert!(err.contains("cannot read kernel /nonexistent/vmlinux"), "{err}");
+    assert!(
+        err.contains("cannot read kernel /nonexistent/vmlinux"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -73,8 +76,8 @@ fn tiny_pvh_elf() -> Vec<u8> {
         f[at + 48..at + 56].copy_from_slice(&4096u64.to_le_bytes());
     };
     ph(&mut f, 64, 1, 0x1000, 0x100_0000, 0x1000); // PT_LOAD
-    ph(&mut f, 120, 4, 0x200, 0, 24); // PT_NOTE
-    // Note: namesz 4 ("Xen\0"), descsz 4, type 18 (XEN_ELFNOTE_PHYS32_ENTRY).
+                                                   // PT_NOTE with one note: namesz 4 ("Xen\0"), descsz 4, type 18 (XEN_ELFNOTE_PHYS32_ENTRY).
+    ph(&mut f, 120, 4, 0x200, 0, 24);
     let note = [4u32.to_le_bytes(), 4u32.to_le_bytes(), 18u32.to_le_bytes()].concat();
     f[0x200..0x20c].copy_from_slice(&note);
     f[0x20c..0x210].copy_from_slice(b"Xen\0");
@@ -91,14 +94,31 @@ fn initrd_too_large_and_bad_cmdline() {
     let f = std::fs::File::create(&initrd).unwrap();
     f.set_len(200 << 20).unwrap(); // sparse, 200 MiB
     let k = kernel.to_str().unwrap();
-    let (code, err) = run(&["--kernel", k, "--initrd", initrd.to_str().unwrap(), "--memory", "128M"]);
+    let (code, err) = run(&[
+        "--kernel",
+        k,
+        "--initrd",
+        initrd.to_str().unwrap(),
+        "--memory",
+        "128M",
+    ]);
     assert_eq!(code, Some(1));
-    assert!(err.contains("the initrd does not fit in guest memory") && err.contains("--memory"), "{err}");
+    assert!(
+        err.contains("the initrd does not fit in guest memory") && err.contains("--memory"),
+        "{err}"
+    );
     let long = "x".repeat(70_000);
     let (code, err) = run(&["--kernel", k, "--cmdline", &long, "--timeout", "10"]);
     assert_eq!(code, Some(1));
     assert!(err.contains("invalid kernel command line"), "{err}");
-    let (code, err) = run(&["--kernel", k, "--cmdline", "console=ttyS0\u{e9}", "--timeout", "10"]);
+    let (code, err) = run(&[
+        "--kernel",
+        k,
+        "--cmdline",
+        "console=ttyS0\u{e9}",
+        "--timeout",
+        "10",
+    ]);
     assert_eq!(code, Some(1));
     assert!(err.contains("printable ASCII"), "{err}");
     let (code, err) = run(&["--kernel", k, "--memory", "8M", "--timeout", "10"]);
@@ -109,7 +129,10 @@ fn initrd_too_large_and_bad_cmdline() {
 
 #[test]
 fn flags_that_need_a_kernel() {
-    let out = densevm().args(["run", "--initrd", "/tmp/x", "--probe"]).output().unwrap();
+    let out = densevm()
+        .args(["run", "--initrd", "/tmp/x", "--probe"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("--kernel"), "{}", stderr(&out));
     let out = densevm().args(["run"]).output().unwrap();
