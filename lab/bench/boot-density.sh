@@ -89,6 +89,8 @@ for vmm in $VMMS; do
       uss=$((uss + pc + pd)); pss=$((pss + p)); rss=$((rss + r))
     done
     for pid in $pids; do kill "$pid" 2>/dev/null; done
+    sleep 2
+    for pid in $pids; do kill -9 "$pid" 2>/dev/null; done
     for pid in $pids; do wait "$pid" 2>/dev/null; done
     if [ -n "$failed" ]; then
       echo "| $vmm | $n | n/a | n/a | n/a | n/a | n/a |"
