@@ -198,3 +198,48 @@ fn guest_writes_over_a_base_image_leave_it_untouched() {
     assert_eq!(sum(&out, "pmem1 0 4K"), probe_checksum(&[0x66; 4 * K]));
     assert_eq!(sum(&out, "pmem0 60K 8K"), probe_checksum(&[0x55; 8 * K]));
 }
+
+#[test]
+fn three_vcpus_fault_copy_on_write_and_expansion_concurrently() {
+    let dir = tmpdir("smp");
+    let img = dir.join("a.pcow");
+    let p = img.to_str().unwrap();
+    create(&img, "16M", None);
+    run(&[&img], "write pmem0 0 512K 0x11; exit 0");
+    image(&["snapshot", "create", p, "s"]);
+    // `touch` splits the pages between the vCPUs; each stores (index in its slice | 1) into
+    // the first byte of every page: copy-ups over the snapshot and expansions after it.
+    let out = run_probe(&[
+        "--cpus",
+        "3",
+        "--pmem",
+        p,
+        "--probe",
+        "touch pmem0 0 1M; sum pmem0 0 1M; exit 0",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "stderr: {}", stderr(&out));
+    let pages = 256usize;
+    let per = pages / 3;
+    let mut expect = vec![0u8; 1 << 20];
+    expect[..512 * K].fill(0x11);
+    for j in 0..pages {
+        let first = (j / per).min(2) * per;
+        expect[j * 4 * K] = ((j - first) | 1) as u8;
+    }
+    assert_eq!(
+        sum(&stdout(&out), "pmem0 0 1M"),
+        probe_checksum(&expect),
+        "guest view"
+    );
+    assert!(read(&img, 0, 1 << 20) == expect, "image content");
+    let c = chain(&img);
+    let cs = c.cluster_size();
+    // Exactly one slot per cluster: 8 snapshot clusters + 8 copied up + 8 expanded.
+    let top = &c.images()[0];
+    let data_slots = (0..top.slot_count())
+        .filter(|&s| top.slot(s).kind == pcow::EntryKind::Data)
+        .count() as u64;
+    assert_eq!(data_slots, 3 * (512 << 10) / cs);
+    drop(c);
+    check_clean(&img);
+}
