@@ -482,26 +482,31 @@ fn stream_driver_serves_concurrently_and_answers_flush_and_oversize() {
     for _ in 0..4 {
         check_frame(&read_frame(&mut client2)).ok("setup");
     }
-    // Pipelined large reads plus a flush of one of them.
-    for tag in 10..20u16 {
-        let mut b = Vec::new();
-        Request::Read {
-            fid: 1,
-            offset: 0,
-            count: 300_000,
+    // Pipelined large reads plus a flush of one of them, written from their own thread:
+    // the replies (3 MB) exceed the socket buffer, so the client must read while it writes
+    // or both ends block on full buffers.
+    let mut writer = client2.try_clone().unwrap();
+    let writer_thread = std::thread::spawn(move || {
+        for tag in 10..20u16 {
+            let mut b = Vec::new();
+            Request::Read {
+                fid: 1,
+                offset: 0,
+                count: 300_000,
+            }
+            .encode(tag, &mut b);
+            writer.write_all(&b).unwrap();
         }
-        .encode(tag, &mut b);
-        client2.write_all(&b).unwrap();
-    }
-    let mut b = Vec::new();
-    Request::Flush { oldtag: 15 }.encode(30, &mut b);
-    client2.write_all(&b).unwrap();
-    // An oversized frame (declares 1 MiB + 1 > msize) is discarded with EMSGSIZE.
-    let big = (512u32 << 10) + 1;
-    let mut hdr = big.to_le_bytes().to_vec();
-    hdr.extend_from_slice(&[kind::TREAD, 40, 0]);
-    hdr.resize(big as usize, 0);
-    client2.write_all(&hdr).unwrap();
+        let mut b = Vec::new();
+        Request::Flush { oldtag: 15 }.encode(30, &mut b);
+        writer.write_all(&b).unwrap();
+        // An oversized frame (declares 512 KiB + 1 > msize) is discarded with EMSGSIZE.
+        let big = (512u32 << 10) + 1;
+        let mut hdr = big.to_le_bytes().to_vec();
+        hdr.extend_from_slice(&[kind::TREAD, 40, 0]);
+        hdr.resize(big as usize, 0);
+        writer.write_all(&hdr).unwrap();
+    });
     let mut seen = std::collections::HashMap::new();
     let mut flush_after_15 = None;
     let done = |seen: &std::collections::HashMap<u16, common::Reply>, flushed: Option<bool>| {
@@ -519,6 +524,7 @@ fn stream_driver_serves_concurrently_and_answers_flush_and_oversize() {
         }
         assert!(seen.insert(tag, r).is_none(), "one reply per tag ({tag})");
     }
+    writer_thread.join().unwrap();
     assert_eq!(seen.get(&40).and_then(|r| r.errno()), Some(libc::EMSGSIZE));
     for tag in 10..20u16 {
         if tag == 15 && !seen.contains_key(&15) {
