@@ -447,10 +447,14 @@ fn stream_driver_serves_concurrently_and_answers_flush_and_oversize() {
     let t = std::thread::spawn(move || {
         serve_connection(session, StreamReader::new(srv), w, DriverOptions::default())
     });
+    let mut client2 = client.try_clone().unwrap();
+    // Setup requests depend on each other (walk needs the attached fid), so each waits
+    // for its reply, as a real client does; the server may serve queued requests in any order.
     let mut send = |req: Request<'_>, tag: u16| {
         let mut b = Vec::new();
         req.encode(tag, &mut b);
         client.write_all(&b).unwrap();
+        check_frame(&read_frame(&mut client2)).ok("setup");
     };
     send(
         Request::Version {
@@ -478,10 +482,6 @@ fn stream_driver_serves_concurrently_and_answers_flush_and_oversize() {
         2,
     );
     send(Request::Lopen { fid: 1, flags: 0 }, 3);
-    let mut client2 = client.try_clone().unwrap();
-    for _ in 0..4 {
-        check_frame(&read_frame(&mut client2)).ok("setup");
-    }
     // Pipelined large reads plus a flush of one of them, written from their own thread:
     // the replies (3 MB) exceed the socket buffer, so the client must read while it writes
     // or both ends block on full buffers.
