@@ -3,7 +3,7 @@
 #   make lab          boot the lab once and run LAB_SCRIPT (default: the QEMU L2 proof)
 #   make test-lab     every lab/tests/*.sh in its own lab run
 #   make bench-lab    boot-density benchmark (QEMU now; densevm once it boots Linux)
-LAB_DENSEVM ?= $(or $(CARGO_TARGET_DIR),target)/release/densevm
+LAB_DENSEVM ?= $(abspath $(or $(CARGO_TARGET_DIR),target))/release/densevm
 LAB_SCRIPT ?= lab/tests/qemu-l2-boot.sh
 LAB_TESTS ?= $(sort $(wildcard lab/tests/*.sh))
 
