@@ -194,3 +194,97 @@ impl GuestMemory {
         self.regions.last().map_or(0, |r| r.gpa + r.size)
     }
 }
+
+/// Guest RAM: `low_end` bytes from address 0 and `high` bytes from `high_start`,
+/// anonymous except where `windows` (regions with their own backing, e.g. a kernel
+/// mapped from its file) cut into the low part. The anonymous pieces are named `ram`,
+/// `ram.1`, ... and `ram.high`.
+pub fn ram_with_windows(
+    low_end: u64,
+    high: u64,
+    high_start: u64,
+    mut windows: Vec<RegionSpec>,
+) -> Vec<RegionSpec> {
+    windows.sort_by_key(|w| w.gpa);
+    let mut specs = Vec::with_capacity(2 * windows.len() + 2);
+    let mut cursor = 0;
+    let mut pieces = 0;
+    let mut anon = |specs: &mut Vec<RegionSpec>, from: u64, to: u64| {
+        if to > from {
+            let name = if pieces == 0 {
+                "ram".to_string()
+            } else {
+                format!("ram.{pieces}")
+            };
+            pieces += 1;
+            specs.push(RegionSpec {
+                name,
+                gpa: from,
+                size: to - from,
+                backing: Backing::Anonymous,
+            });
+        }
+    };
+    for window in windows {
+        anon(&mut specs, cursor, window.gpa);
+        cursor = window.gpa + window.size;
+        specs.push(window);
+    }
+    anon(&mut specs, cursor, low_end);
+    if high > 0 {
+        specs.push(RegionSpec {
+            name: "ram.high".into(),
+            gpa: high_start,
+            size: high,
+            backing: Backing::Anonymous,
+        });
+    }
+    specs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ram_is_split_around_windows() {
+        let f = Arc::new(File::open("/proc/self/exe").unwrap());
+        let window = |name: &str, gpa, size| RegionSpec {
+            name: name.into(),
+            gpa,
+            size,
+            backing: Backing::FilePrivate {
+                file: f.clone(),
+                offset: 0,
+            },
+        };
+        let windows = vec![
+            window("b", 0x200_0000, 0x1000),
+            window("a", 0x100_0000, 0x2000),
+        ];
+        let specs = ram_with_windows(0x400_0000, 0, 4 << 30, windows);
+        let layout: Vec<_> = specs
+            .iter()
+            .map(|s| (s.name.as_str(), s.gpa, s.size))
+            .collect();
+        assert_eq!(
+            layout,
+            [
+                ("ram", 0, 0x100_0000),
+                ("a", 0x100_0000, 0x2000),
+                ("ram.1", 0x100_2000, 0xffe000),
+                ("b", 0x200_0000, 0x1000),
+                ("ram.2", 0x200_1000, 0x1fff000)
+            ]
+        );
+        let plain = ram_with_windows(3 << 30, 1 << 30, 4 << 30, Vec::new());
+        let layout: Vec<_> = plain
+            .iter()
+            .map(|s| (s.name.as_str(), s.gpa, s.size))
+            .collect();
+        assert_eq!(
+            layout,
+            [("ram", 0, 3 << 30), ("ram.high", 4 << 30, 1 << 30)]
+        );
+    }
+}

@@ -206,25 +206,6 @@ pub enum VmmError {
     },
 }
 
-fn ram_specs(memory_bytes: u64) -> Vec<RegionSpec> {
-    let low = memory_bytes.min(LOW_RAM_END);
-    let mut specs = vec![RegionSpec {
-        name: "ram".into(),
-        gpa: 0,
-        size: low,
-        backing: Backing::Anonymous,
-    }];
-    if memory_bytes > low {
-        specs.push(RegionSpec {
-            name: "ram.high".into(),
-            gpa: HIGH_RAM_START,
-            size: memory_bytes - low,
-            backing: Backing::Anonymous,
-        });
-    }
-    specs
-}
-
 fn host_tsc_khz() -> u64 {
     // Calibrate the host TSC against the monotonic clock (fallback when KVM cannot say).
     #[cfg(target_arch = "x86_64")]
@@ -326,7 +307,7 @@ pub fn run_vm(config: VmConfig) -> Result<RunOutcome, VmmError> {
     };
     let mut specs = match linux_plan.as_mut() {
         Some(plan) => std::mem::take(&mut plan.regions),
-        None => ram_specs(config.memory_bytes),
+        None => crate::memory::ram_with_windows(low_end, high, HIGH_RAM_START, Vec::new()),
     };
     for (region, (name, gpa, size)) in config.external_regions.iter().zip(&placed) {
         specs.push(RegionSpec {

@@ -1,6 +1,7 @@
 //! A flat GDT for 64-bit guests and the matching KVM segment descriptors.
 
 use kvm_bindings::kvm_segment;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryError, GuestMemoryMmap};
 
 /// Guest-physical address where the boot GDT is written.
 pub const BOOT_GDT_ADDR: u64 = 0x500;
@@ -21,6 +22,12 @@ pub const BOOT_GDT: [u64; 5] = [
     gdt_entry(0x808b, 0, 0xfffff),
     gdt_entry(0xc09b, 0, 0xfffff),
 ];
+
+/// Writes [`BOOT_GDT`] at [`BOOT_GDT_ADDR`].
+pub fn write_boot_gdt(mem: &GuestMemoryMmap) -> Result<(), GuestMemoryError> {
+    let bytes: Vec<u8> = BOOT_GDT.iter().flat_map(|e| e.to_le_bytes()).collect();
+    mem.write_slice(&bytes, GuestAddress(BOOT_GDT_ADDR))
+}
 
 /// Packs a GDT descriptor from flags (access byte in the low 8 bits, G/DB/L/AVL in bits
 /// 12..15), base and limit.

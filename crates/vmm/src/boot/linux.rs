@@ -5,10 +5,11 @@
 
 use super::EntryState;
 use crate::arch::{acpi, gdt, paging, regs};
-use crate::memory::{Backing, RegionSpec};
+use crate::memory::{ram_with_windows, Backing, RegionSpec};
 use densevm_kernel::{parse_elf, read_bzimage_header};
 use kvm_bindings::{kvm_regs, kvm_sregs};
 use std::fs::File;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use thiserror::Error;
@@ -88,14 +89,17 @@ pub enum KernelEntry {
 pub struct LinuxPlan {
     /// Guest memory regions covering RAM, with kernel/initrd windows cut out of it.
     pub regions: Vec<RegionSpec>,
-    /// Bytes to copy after mapping (partial pages of segments; the bzImage kernel).
-    pub copies: Vec<(u64, Vec<u8>)>,
+    /// Kernel file bytes to copy after mapping (partial pages of segments; the bzImage
+    /// kernel), as (guest address, range of the file), read from `view` when written.
+    copies: Vec<(u64, Range<usize>)>,
+    /// The kernel file, mapped read-only until the copies are written.
+    view: FileView,
     /// Entry point.
     pub entry: KernelEntry,
     /// Initrd location and length.
     pub initrd: Option<(u64, u64)>,
-    /// bzImage setup header bytes (0x1f1.. of the file), for the zero page.
-    bz_setup: Option<Vec<u8>>,
+    /// bzImage setup header (0x1f1.. of the file), for the zero page.
+    bz_setup: Option<Range<usize>>,
     /// RAM layout: (low RAM end, high RAM size).
     ram: (u64, u64),
 }
@@ -155,64 +159,16 @@ impl Drop for FileView {
     }
 }
 
-/// A piece of guest RAM that is backed by a file window instead of anonymous memory.
-struct Window {
-    gpa: u64,
-    size: u64,
-    name: String,
-    file: Arc<File>,
-    offset: u64,
-}
-
-fn split_ram(
-    low_end: u64,
-    high: u64,
-    mut windows: Vec<Window>,
-    high_start: u64,
-) -> Vec<RegionSpec> {
-    windows.sort_by_key(|w| w.gpa);
-    let mut specs = Vec::new();
-    let mut cursor = 0;
-    let mut n = 0;
-    let mut anon = |specs: &mut Vec<RegionSpec>, from: u64, to: u64| {
-        if to > from {
-            let name = if n == 0 {
-                "ram".to_string()
-            } else {
-                format!("ram.{n}")
-            };
-            n += 1;
-            specs.push(RegionSpec {
-                name,
-                gpa: from,
-                size: to - from,
-                backing: Backing::Anonymous,
-            });
-        }
-    };
-    for w in windows {
-        anon(&mut specs, cursor, w.gpa);
-        cursor = w.gpa + w.size;
-        specs.push(RegionSpec {
-            name: w.name,
-            gpa: w.gpa,
-            size: w.size,
-            backing: Backing::FilePrivate {
-                file: w.file,
-                offset: w.offset,
-            },
-        });
+fn file_window(name: String, gpa: u64, size: u64, file: &Arc<File>, offset: u64) -> RegionSpec {
+    RegionSpec {
+        name,
+        gpa,
+        size,
+        backing: Backing::FilePrivate {
+            file: file.clone(),
+            offset,
+        },
     }
-    anon(&mut specs, cursor, low_end);
-    if high > 0 {
-        specs.push(RegionSpec {
-            name: "ram.high".into(),
-            gpa: high_start,
-            size: high,
-            backing: Backing::Anonymous,
-        });
-    }
-    specs
 }
 
 /// Plans the memory of a Linux guest with `low_end` bytes of RAM below the 32-bit hole
@@ -265,24 +221,24 @@ pub fn plan(
             let first = seg.paddr.next_multiple_of(PAGE);
             let last = file_end / PAGE * PAGE;
             if aligned && last > first {
-                windows.push(Window {
-                    gpa: first,
-                    size: last - first,
-                    name: format!("kernel.{i}"),
-                    file: file.clone(),
-                    offset: seg.offset + (first - seg.paddr),
-                });
+                windows.push(file_window(
+                    format!("kernel.{i}"),
+                    first,
+                    last - first,
+                    &file,
+                    seg.offset + (first - seg.paddr),
+                ));
                 let head = (first - seg.paddr) as usize;
                 let off = seg.offset as usize;
-                copies.push((seg.paddr, data[off..off + head].to_vec()));
+                copies.push((seg.paddr, off..off + head));
                 let tail_from = off + (last - seg.paddr) as usize;
-                copies.push((last, data[tail_from..off + seg.filesz as usize].to_vec()));
+                copies.push((last, tail_from..off + seg.filesz as usize));
             } else {
-                let off = seg.offset as usize;
-                let bytes = data
-                    .get(off..off + seg.filesz as usize)
-                    .ok_or_else(|| bad(format!("segment {i} lies outside the file")))?;
-                copies.push((seg.paddr, bytes.to_vec()));
+                let range = seg.offset as usize..(seg.offset + seg.filesz) as usize;
+                if range.end > data.len() {
+                    return Err(bad(format!("segment {i} lies outside the file")));
+                }
+                copies.push((seg.paddr, range));
             }
         }
         (KernelEntry::Pvh(entry), end, None)
@@ -307,15 +263,11 @@ pub fn plan(
         }
         // The bzImage decompresses itself over its own memory: copying it is the only
         // option (and its boot pays the decompression; prefer an extracted vmlinux).
-        copies.push((load, payload.to_vec()));
+        copies.push((load, hdr.kernel_offset as usize..data.len()));
         let setup_end = (0x202 + usize::from(data[0x201]))
             .min(data.len())
             .max(0x1f1);
-        (
-            KernelEntry::Bz64(load + 0x200),
-            end,
-            Some(data[0x1f1..setup_end].to_vec()),
-        )
+        (KernelEntry::Bz64(load + 0x200), end, Some(0x1f1..setup_end))
     };
 
     let mut initrd_at = None;
@@ -343,18 +295,13 @@ pub fn plan(
             ),
         })?;
         // Beyond EOF inside the last page the mapping reads as zeros, as an initrd must.
-        windows.push(Window {
-            gpa,
-            size: mapped,
-            name: "initrd".into(),
-            file,
-            offset: 0,
-        });
+        windows.push(file_window("initrd".into(), gpa, mapped, &file, 0));
         initrd_at = Some((gpa, size));
     }
     Ok(LinuxPlan {
-        regions: split_ram(low_end, high, windows, high_start),
+        regions: ram_with_windows(low_end, high, high_start, windows),
         copies,
+        view,
         entry,
         initrd: initrd_at,
         bz_setup,
@@ -405,18 +352,17 @@ pub fn write_boot_data(
     cpus: u32,
     high_start: u64,
 ) -> Result<LinuxEntry, LinuxBootError> {
-    for (gpa, bytes) in &plan.copies {
-        if !bytes.is_empty() {
-            mem.write_slice(bytes, GuestAddress(*gpa))?;
+    let kernel = plan.view.bytes();
+    for (gpa, range) in &plan.copies {
+        if !range.is_empty() {
+            mem.write_slice(&kernel[range.clone()], GuestAddress(*gpa))?;
         }
     }
     write_cmdline(mem, cmdline)?;
     for (addr, table) in acpi::build_tables(cpus) {
         mem.write_slice(&table, GuestAddress(addr))?;
     }
-    for (i, entry) in gdt::BOOT_GDT.iter().enumerate() {
-        mem.write_obj(*entry, GuestAddress(gdt::BOOT_GDT_ADDR + 8 * i as u64))?;
-    }
+    gdt::write_boot_gdt(mem)?;
     let map = e820(plan.ram.0, plan.ram.1, high_start);
     match plan.entry {
         KernelEntry::Pvh(_) => {
@@ -455,7 +401,7 @@ pub fn write_boot_data(
                 mem.write_slice(&bytes, GuestAddress(addr))?;
             }
             let mut zero = vec![0u8; 4096];
-            let setup = plan.bz_setup.as_deref().unwrap_or(&[]);
+            let setup = plan.bz_setup.clone().map_or(&[][..], |r| &kernel[r]);
             zero[0x1f1..0x1f1 + setup.len()].copy_from_slice(setup);
             zero[0x210] = 0xff; // type_of_loader: undefined
             zero[0x211] |= 0x01; // loadflags: LOADED_HIGH
@@ -506,42 +452,6 @@ impl EntryState for LinuxEntry {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn ram_is_split_around_windows() {
-        let f = Arc::new(File::open("/proc/self/exe").unwrap());
-        let windows = vec![
-            Window {
-                gpa: 0x200_0000,
-                size: 0x1000,
-                name: "b".into(),
-                file: f.clone(),
-                offset: 0,
-            },
-            Window {
-                gpa: 0x100_0000,
-                size: 0x2000,
-                name: "a".into(),
-                file: f,
-                offset: 0,
-            },
-        ];
-        let specs = split_ram(0x400_0000, 0, windows, 4 << 30);
-        let layout: Vec<_> = specs
-            .iter()
-            .map(|s| (s.name.as_str(), s.gpa, s.size))
-            .collect();
-        assert_eq!(
-            layout,
-            [
-                ("ram", 0, 0x100_0000),
-                ("a", 0x100_0000, 0x2000),
-                ("ram.1", 0x100_2000, 0xffe000),
-                ("b", 0x200_0000, 0x1000),
-                ("ram.2", 0x200_1000, 0x1fff000)
-            ]
-        );
-    }
 
     #[test]
     fn bad_kernels_are_rejected() {

@@ -76,9 +76,7 @@ pub fn load_probe(
     }
     let regions = probe_regions(ram_size, extra_regions);
     let block = encode_block(script, &regions, cpus, tsc_khz)?;
-    for (i, entry) in gdt::BOOT_GDT.iter().enumerate() {
-        mem.write_obj(*entry, GuestAddress(gdt::BOOT_GDT_ADDR + 8 * i as u64))?;
-    }
+    gdt::write_boot_gdt(mem)?;
     let tables = paging::identity_map(phys_end + 1, false).map_err(ProbeLoadError::TooLarge)?;
     for (addr, bytes) in tables {
         mem.write_slice(&bytes, GuestAddress(addr))?;
