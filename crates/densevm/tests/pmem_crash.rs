@@ -34,18 +34,7 @@ fn open(path: &Path) -> pcow::Chain {
 }
 
 fn check_clean(path: &Path, round: u32, seed: u64) {
-    let out = densevm()
-        .args(["image", "check", path.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "round {round} (seed {seed}): check {}: {}{}",
-        path.display(),
-        String::from_utf8_lossy(&out.stdout),
-        stderr(&out)
-    );
+    common::assert_image_clean(path, &format!("round {round} (seed {seed}): "));
 }
 
 #[test]

@@ -64,18 +64,7 @@ fn sum(out: &str, what: &str) -> u64 {
 }
 
 fn check_clean(path: &Path) {
-    let out = densevm()
-        .args(["image", "check", path.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "check {}: {}{}",
-        path.display(),
-        stdout(&out),
-        stderr(&out)
-    );
+    common::assert_image_clean(path, "");
 }
 
 fn chain(path: &Path) -> pcow::Chain {

@@ -41,3 +41,20 @@ pub fn stdout(o: &Output) -> String {
 pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
+
+/// Asserts that `densevm image check PATH` finds the image clean (exit 0); `context`
+/// prefixes the failure message.
+pub fn assert_image_clean(path: &std::path::Path, context: &str) {
+    let out = densevm()
+        .args(["image", "check", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{context}check {}: {}{}",
+        path.display(),
+        stdout(&out),
+        stderr(&out)
+    );
+}
