@@ -10,6 +10,7 @@ pub mod vmm;
 pub mod vstate;
 pub mod write_fault;
 
+pub use memory::MergePolicy;
 pub use vmm::{
     place_external_regions, run_vm, ExternalRegion, Payload, RunOutcome, VmConfig, VmEnd, VmmError,
 };

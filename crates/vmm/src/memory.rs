@@ -52,8 +52,47 @@ pub struct RegionInfo {
     pub size: u64,
     /// Host virtual address of the mapping.
     pub host_addr: u64,
-    /// Whether it maps a file.
-    pub file_backed: bool,
+    /// What backs it.
+    pub kind: RegionKind,
+}
+
+/// What backs a created region (the [`Backing`] without its resources).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RegionKind {
+    /// Private anonymous guest RAM.
+    Anonymous,
+    /// A private mapping of a boot image (kernel segment, initrd).
+    FilePrivate,
+    /// Memory owned by another component (pmem).
+    External,
+}
+
+/// Which guest regions the host kernel's same-page merging (KSM) may scan.
+///
+/// Marking costs nothing by itself: pages are only merged while `ksmd` runs
+/// (`/sys/kernel/mm/ksm/run` = 1), and a merged page is copied again on its next write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MergePolicy {
+    /// Nothing is marked.
+    Off,
+    /// The boot-image windows: the pages a guest kernel patches or clears at boot become
+    /// private copies, identical in every VM booted from the same files, so KSM can fold
+    /// them back into one.
+    #[default]
+    BootImages,
+    /// Boot images and all anonymous guest RAM.
+    All,
+}
+
+impl MergePolicy {
+    /// Whether regions of this kind are marked mergeable.
+    pub fn covers(self, kind: RegionKind) -> bool {
+        match (self, kind) {
+            (_, RegionKind::External) | (MergePolicy::Off, _) => false,
+            (MergePolicy::BootImages, kind) => kind == RegionKind::FilePrivate,
+            (MergePolicy::All, _) => true,
+        }
+    }
 }
 
 /// Failure to set up guest memory.
@@ -85,6 +124,14 @@ pub enum MemoryError {
     /// vm-memory rejected the region set.
     #[error("invalid guest memory layout: {0}")]
     Layout(String),
+    /// madvise(MADV_MERGEABLE) failed.
+    #[error("cannot mark guest region `{name}` for same-page merging: {source} (is the host kernel built with CONFIG_KSM? run with --merge off otherwise)")]
+    Merge {
+        /// Region name.
+        name: String,
+        /// Cause.
+        source: std::io::Error,
+    },
 }
 
 /// The guest's memory: the vm-memory view devices and loaders use, plus region metadata.
@@ -118,20 +165,18 @@ impl GuestMemory {
         for spec in specs {
             let builder = MmapRegionBuilder::new(spec.size as usize)
                 .with_mmap_prot(libc::PROT_READ | libc::PROT_WRITE);
-            let (builder, file_backed) = match &spec.backing {
-                Backing::Anonymous => (
-                    builder.with_mmap_flags(
-                        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                    ),
-                    false,
-                ),
-                Backing::FilePrivate { file, offset } => (
-                    builder
-                        .with_mmap_flags(libc::MAP_PRIVATE | libc::MAP_NORESERVE)
-                        .with_file_offset(FileOffset::from_arc(file.clone(), *offset)),
-                    true,
-                ),
-                Backing::External { .. } => (builder, true),
+            let kind = match &spec.backing {
+                Backing::Anonymous => RegionKind::Anonymous,
+                Backing::FilePrivate { .. } => RegionKind::FilePrivate,
+                Backing::External { .. } => RegionKind::External,
+            };
+            let builder = match &spec.backing {
+                Backing::Anonymous => builder
+                    .with_mmap_flags(libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE),
+                Backing::FilePrivate { file, offset } => builder
+                    .with_mmap_flags(libc::MAP_PRIVATE | libc::MAP_NORESERVE)
+                    .with_file_offset(FileOffset::from_arc(file.clone(), *offset)),
+                Backing::External { .. } => builder,
             };
             let mapping = match &spec.backing {
                 Backing::External { host_addr } => {
@@ -163,7 +208,7 @@ impl GuestMemory {
                 gpa: spec.gpa,
                 size: spec.size,
                 host_addr,
-                file_backed,
+                kind,
             });
         }
         let mem = GuestMemoryMmap::from_regions(regions)
@@ -187,6 +232,32 @@ impl GuestMemory {
     /// The region with this name.
     pub fn region(&self, name: &str) -> Option<&RegionInfo> {
         self.regions.iter().find(|r| r.name == name)
+    }
+
+    /// Marks every region `policy` covers as mergeable by KSM; returns how many bytes
+    /// were marked.
+    pub fn advise_merge(&self, policy: MergePolicy) -> Result<u64, MemoryError> {
+        let mut marked = 0;
+        for r in self.regions.iter().filter(|r| policy.covers(r.kind)) {
+            // SAFETY: [host_addr, host_addr + size) is a mapping this object created and
+            // owns; MADV_MERGEABLE only changes how the kernel may share its pages and
+            // never their contents as seen by the process or the guest.
+            let rc = unsafe {
+                libc::madvise(
+                    r.host_addr as *mut libc::c_void,
+                    r.size as usize,
+                    libc::MADV_MERGEABLE,
+                )
+            };
+            if rc != 0 {
+                return Err(MemoryError::Merge {
+                    name: r.name.clone(),
+                    source: std::io::Error::last_os_error(),
+                });
+            }
+            marked += r.size;
+        }
+        Ok(marked)
     }
 
     /// End of the highest region.
@@ -286,5 +357,70 @@ mod tests {
             layout,
             [("ram", 0, 3 << 30), ("ram.high", 4 << 30, 1 << 30)]
         );
+    }
+
+    /// The VmFlags line of the smaps entry that contains `addr`.
+    fn vm_flags(addr: u64) -> String {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let contains = |line: &str| {
+            let range = line.split_whitespace().next().unwrap_or("");
+            let Some((lo, hi)) = range.split_once('-') else {
+                return false;
+            };
+            match (u64::from_str_radix(lo, 16), u64::from_str_radix(hi, 16)) {
+                (Ok(lo), Ok(hi)) => lo <= addr && addr < hi,
+                _ => false,
+            }
+        };
+        smaps
+            .lines()
+            .skip_while(|l| !contains(l))
+            .find(|l| l.starts_with("VmFlags:"))
+            .unwrap_or_else(|| panic!("no smaps entry contains {addr:#x}"))
+            .to_string()
+    }
+
+    #[test]
+    fn merge_policy_marks_only_the_regions_it_covers() {
+        let exe = Arc::new(File::open("/proc/self/exe").unwrap());
+        let specs = || {
+            vec![
+                RegionSpec {
+                    name: "ram".into(),
+                    gpa: 0,
+                    size: 0x10_0000,
+                    backing: Backing::Anonymous,
+                },
+                RegionSpec {
+                    name: "kernel.0".into(),
+                    gpa: 0x10_0000,
+                    size: 0x1000,
+                    backing: Backing::FilePrivate {
+                        file: exe.clone(),
+                        offset: 0,
+                    },
+                },
+            ]
+        };
+        for (policy, ram, kernel) in [
+            (MergePolicy::Off, false, false),
+            (MergePolicy::BootImages, false, true),
+            (MergePolicy::All, true, true),
+        ] {
+            let memory = GuestMemory::new(specs()).unwrap();
+            let marked = memory.advise_merge(policy).unwrap();
+            let expect = u64::from(ram) * 0x10_0000 + u64::from(kernel) * 0x1000;
+            assert_eq!(marked, expect, "{policy:?}");
+            for (name, want) in [("ram", ram), ("kernel.0", kernel)] {
+                let r = memory.region(name).unwrap();
+                let flags = vm_flags(r.host_addr);
+                assert_eq!(
+                    flags.split_whitespace().any(|f| f == "mg"),
+                    want,
+                    "{policy:?} {name}: {flags}"
+                );
+            }
+        }
+        assert!(!MergePolicy::All.covers(RegionKind::External));
     }
 }

@@ -166,7 +166,7 @@ Private_Dirty:         0 kB
             gpa: 0,
             size: size as u64,
             host_addr: ptr as u64,
-            file_backed: false,
+            kind: crate::memory::RegionKind::Anonymous,
         };
         let report = memory_report(&[region]).unwrap();
         assert_eq!(report.guest.rss_kib, 2048);

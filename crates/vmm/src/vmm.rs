@@ -2,7 +2,7 @@
 
 use crate::arch::cpuid::vcpu_cpuid;
 use crate::boot::{linux, probe, EntryState};
-use crate::memory::{Backing, GuestMemory, MemoryError, RegionSpec};
+use crate::memory::{Backing, GuestMemory, MemoryError, MergePolicy, RegionSpec};
 use crate::report::{memory_report, MemoryReport};
 use crate::trace::{mark_name, BootTrace};
 use crate::vstate::kick;
@@ -99,6 +99,8 @@ pub struct VmConfig {
     pub report_memory: bool,
     /// Regions mapped by other components (pmem), placed above RAM.
     pub external_regions: Vec<ExternalRegion>,
+    /// Which guest regions the host's same-page merging (KSM) may fold together.
+    pub merge: MergePolicy,
 }
 
 /// How a VM run ended.
@@ -320,6 +322,8 @@ pub fn run_vm(config: VmConfig) -> Result<RunOutcome, VmmError> {
         });
     }
     let memory = GuestMemory::new(specs)?;
+    let merged = memory.advise_merge(config.merge)?;
+    tracing::debug!("{merged} bytes of guest memory marked for same-page merging");
     vm.register_memory(&memory)?;
 
     // Linux takes interrupts: in-kernel PIC/IOAPIC/LAPIC and PIT. The probe needs none

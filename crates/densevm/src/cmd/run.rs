@@ -4,7 +4,7 @@ use crate::output::print_json;
 use anyhow::{bail, Context};
 use clap::Args;
 use densevm_vmm::report::MemoryReport;
-use densevm_vmm::{run_vm, Payload, RunOutcome, VmConfig, VmEnd};
+use densevm_vmm::{run_vm, MergePolicy, Payload, RunOutcome, VmConfig, VmEnd};
 use serde_json::{json, Map, Value};
 use std::time::{Duration, Instant};
 
@@ -25,7 +25,8 @@ pub struct RunArgs {
     pub cpus: u32,
     /// Run the built-in probe guest with this `;`-separated script
     /// (touch SIZE | touch/read/sum REGION OFF LEN | write REGION OFF LEN BYTE | mark ID |
-    /// crash triple-fault|mmio-exec|int3 | reset | exit CODE). Without a script: `exit 0`.
+    /// sleep MS | crash triple-fault|mmio-exec|int3 | reset | exit CODE). Without a script:
+    /// `exit 0`.
     #[arg(long, num_args = 0..=1, default_missing_value = DEFAULT_PROBE_SCRIPT, value_name = "SCRIPT", conflicts_with = "kernel")]
     pub probe: Option<String>,
     /// Boot this Linux kernel: an ELF vmlinux with a PVH entry (mapped from the file,
@@ -57,6 +58,33 @@ pub struct RunArgs {
     /// `pmem0`, `pmem1`, ... (repeatable). Guest writes go straight into the image.
     #[arg(long, value_name = "IMAGE")]
     pub pmem: Vec<std::path::PathBuf>,
+    /// Which guest memory the host's same-page merging (KSM) may fold across VMs: `boot`
+    /// (the kernel and initrd windows, whose boot-time patches are identical in every VM),
+    /// `all` (also guest RAM) or `off`. Merging happens only while ksmd runs
+    /// (`echo 1 > /sys/kernel/mm/ksm/run`).
+    #[arg(long, value_enum, default_value_t = Merge::Boot)]
+    pub merge: Merge,
+}
+
+/// `--merge`: the command-line form of [`MergePolicy`].
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Merge {
+    /// No region is marked.
+    Off,
+    /// Kernel and initrd windows.
+    Boot,
+    /// Kernel, initrd and guest RAM.
+    All,
+}
+
+impl From<Merge> for MergePolicy {
+    fn from(m: Merge) -> Self {
+        match m {
+            Merge::Off => MergePolicy::Off,
+            Merge::Boot => MergePolicy::BootImages,
+            Merge::All => MergePolicy::All,
+        }
+    }
 }
 
 /// Parses `--memory`: a size with an optional K/M/G suffix, at least 1 MiB, 4 KiB aligned.
@@ -165,6 +193,7 @@ pub fn main(args: RunArgs) -> anyhow::Result<i32> {
         origin,
         report_memory: args.report || args.report_json.is_some() || args.json,
         external_regions: pmem.external_regions(),
+        merge: args.merge.into(),
     };
     let started = Instant::now();
     let outcome = run_vm(config).context("could not start the VM")?;
