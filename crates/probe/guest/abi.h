@@ -16,6 +16,8 @@
 #define PORT_DEBUG_EXIT     0x501       /* write: process exit code (low byte) */
 #define PORT_TRACE_MARK     0x502       /* write: trace mark id (byte) */
 #define PORT_PROBE_FAULT    0x503       /* write: exception vector; VM ends with an error */
+#define PORT_SLEEP          0x504       /* write: sleep this many ms (byte, the VMM caps it) */
+#define SLEEP_SLICE_MS      100         /* the probe sleeps in writes of at most this */
 
 #define MARK_PROBE_START    0x01
 #define MARK_PROBE_DONE     0x02
@@ -28,6 +30,7 @@
 #define OP_MARK   6  /* a = mark id */
 #define OP_CRASH  7  /* a = crash kind */
 #define OP_RESET  8  /* i8042 reset: 0xfe to port 0x64 */
+#define OP_SLEEP  9  /* a = milliseconds: idle on the host (sleep port), not spinning */
 
 #define CRASH_TRIPLE_FAULT 1  /* load an empty IDT and raise #UD */
 #define CRASH_MMIO_EXEC    2  /* jump to the end of `ram`: mapped, but no memory behind it */

@@ -131,6 +131,16 @@ static void report_op(const char *verb, const char *region, u64 off, u64 len) {
     put_size(off); puts_raw(" "); put_size(len);
 }
 
+/* Idles on the host: each write to the sleep port parks this vCPU's thread for up to
+ * SLEEP_SLICE_MS, so the VMM still sees a stop request (timeout, exit) between slices. */
+static void sleep_ms(u64 ms) {
+    while (ms) {
+        u64 slice = ms < SLEEP_SLICE_MS ? ms : SLEEP_SLICE_MS;
+        outb(PORT_SLEEP, (u8)slice);
+        ms -= slice;
+    }
+}
+
 static void crash(u64 kind, u64 unbacked) {
     if (kind == CRASH_TRIPLE_FAULT) {
         struct { unsigned short limit; u64 base; } __attribute__((packed)) d = { 0, 0 };
@@ -183,6 +193,10 @@ void probe_main(u64 cpu, struct probe_block *blk) {
             puts_raw(" = "); put_hex(h, 16); puts_raw("\n");
             break;
         }
+        case OP_SLEEP:
+            puts_raw("sleep "); put_dec(c->a); puts_raw(" ms\n");
+            sleep_ms(c->a);
+            break;
         case OP_MARK:
             outb(PORT_TRACE_MARK, (u8)c->a);
             break;

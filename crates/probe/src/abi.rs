@@ -25,6 +25,12 @@ pub const PORT_DEBUG_EXIT: u16 = 0x501;
 pub const PORT_TRACE_MARK: u16 = 0x502;
 /// Fault port: the probe writes an exception vector here before stopping.
 pub const PORT_PROBE_FAULT: u16 = 0x503;
+/// Sleep port: the vCPU thread sleeps for the byte written, in milliseconds (capped by
+/// the VMM at one slice).
+pub const PORT_SLEEP: u16 = 0x504;
+/// Longest sleep the probe asks for in one write to [`PORT_SLEEP`]; a longer sleep is a
+/// loop of writes, so the VMM's stop requests are seen between them.
+pub const SLEEP_SLICE_MS: u64 = 100;
 
 /// Trace mark written when the probe starts running its script.
 pub const MARK_PROBE_START: u8 = 0x01;
@@ -48,6 +54,8 @@ pub const OP_CRASH: u32 = 7;
 
 /// Opcode: ask for a reset through the i8042 controller.
 pub const OP_RESET: u32 = 8;
+/// Opcode: sleep for `a` milliseconds through the sleep port.
+pub const OP_SLEEP: u32 = 9;
 
 /// Crash kind: empty IDT then `ud2`, a triple fault.
 pub const CRASH_TRIPLE_FAULT: u64 = 1;
@@ -98,6 +106,8 @@ mod tests {
             ("PORT_DEBUG_EXIT", PORT_DEBUG_EXIT.into()),
             ("PORT_TRACE_MARK", PORT_TRACE_MARK.into()),
             ("PORT_PROBE_FAULT", PORT_PROBE_FAULT.into()),
+            ("PORT_SLEEP", PORT_SLEEP.into()),
+            ("SLEEP_SLICE_MS", SLEEP_SLICE_MS),
             ("MARK_PROBE_START", MARK_PROBE_START.into()),
             ("MARK_PROBE_DONE", MARK_PROBE_DONE.into()),
             ("OP_TOUCH", OP_TOUCH.into()),
@@ -108,6 +118,7 @@ mod tests {
             ("OP_MARK", OP_MARK.into()),
             ("OP_CRASH", OP_CRASH.into()),
             ("OP_RESET", OP_RESET.into()),
+            ("OP_SLEEP", OP_SLEEP.into()),
             ("CRASH_TRIPLE_FAULT", CRASH_TRIPLE_FAULT),
             ("CRASH_MMIO_EXEC", CRASH_MMIO_EXEC),
             ("CRASH_INT3", CRASH_INT3),

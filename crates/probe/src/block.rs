@@ -148,6 +148,7 @@ pub fn encode_block(
             Command::Mark(id) => (abi::OP_MARK, 0, u64::from(*id), 0, 0),
             Command::Exit(code) => (abi::OP_EXIT, 0, u64::from(*code), 0, 0),
             Command::Reset => (abi::OP_RESET, 0, 0, 0, 0),
+            Command::Sleep(ms) => (abi::OP_SLEEP, 0, *ms, 0, 0),
             Command::Crash(kind) => {
                 let k = match kind {
                     CrashKind::TripleFault => abi::CRASH_TRIPLE_FAULT,
@@ -181,7 +182,7 @@ mod tests {
 
     #[test]
     fn encodes_header_and_commands() {
-        let cmds = parse_script("touch 1M; sum ram 4K 8K; exit 7").unwrap();
+        let cmds = parse_script("touch 1M; sum ram 4K 8K; sleep 1500; exit 7").unwrap();
         let block = encode_block(&cmds, &ram(), 2, 1000).unwrap();
         assert_eq!(&block[0..4], &abi::MAGIC.to_le_bytes());
         assert_eq!(u32::from_le_bytes(block[8..12].try_into().unwrap()), 2);
@@ -190,16 +191,22 @@ mod tests {
                 .try_into()
                 .unwrap(),
         );
-        assert_eq!(n, 3);
+        assert_eq!(n, 4);
         let sum = &block[abi::COMMANDS_OFFSET + 8 + abi::COMMAND_SIZE..];
         assert_eq!(
             u32::from_le_bytes(sum[0..4].try_into().unwrap()),
             abi::OP_SUM
         );
         assert_eq!(u64::from_le_bytes(sum[8..16].try_into().unwrap()), 4096);
+        let sleep = &sum[abi::COMMAND_SIZE..];
+        assert_eq!(
+            u32::from_le_bytes(sleep[0..4].try_into().unwrap()),
+            abi::OP_SLEEP
+        );
+        assert_eq!(u64::from_le_bytes(sleep[8..16].try_into().unwrap()), 1500);
         assert_eq!(
             block.len(),
-            abi::COMMANDS_OFFSET + 8 + 3 * abi::COMMAND_SIZE
+            abi::COMMANDS_OFFSET + 8 + 4 * abi::COMMAND_SIZE
         );
     }
 

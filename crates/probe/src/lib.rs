@@ -9,7 +9,7 @@ pub mod script;
 
 pub use block::{encode_block, BlockError, Region};
 pub use script::{
-    parse_script, parse_size, probe_checksum, Command, CrashKind, Range, ScriptError,
+    parse_script, parse_size, probe_checksum, Command, CrashKind, Range, ScriptError, MAX_SLEEP_MS,
 };
 
 /// The flat probe image, linked to run at [`abi::LOAD_ADDR`].

@@ -56,7 +56,13 @@ pub enum Command {
     Exit(u8),
     /// Ask for a reset through the i8042 controller (densevm ends the VM, exit code 0).
     Reset,
+    /// Idle for this many milliseconds (at most [`MAX_SLEEP_MS`]) with the vCPU thread
+    /// asleep on the host, e.g. to keep a VM's memory mapped while the host inspects it.
+    Sleep(u64),
 }
+
+/// Longest `sleep` a script may ask for, in milliseconds (one minute).
+pub const MAX_SLEEP_MS: u64 = 60_000;
 
 /// Parses a size or offset: decimal, `0x` hex, or with a K/M/G (binary) suffix.
 pub fn parse_size(text: &str) -> Result<u64, String> {
@@ -127,6 +133,20 @@ fn parse_command(text: &str) -> Result<Command, String> {
             [code] => Ok(Command::Exit(parse_byte(code)?)),
             _ => Err("usage: exit CODE".into()),
         },
+        "sleep" => match args {
+            [ms] => {
+                let ms: u64 = ms
+                    .parse()
+                    .map_err(|_| format!("`{ms}` is not a number of milliseconds"))?;
+                if ms > MAX_SLEEP_MS {
+                    return Err(format!(
+                        "{ms} ms is longer than the {MAX_SLEEP_MS} ms a sleep may last"
+                    ));
+                }
+                Ok(Command::Sleep(ms))
+            }
+            _ => Err("usage: sleep MS".into()),
+        },
         "reset" => match args {
             [] => Ok(Command::Reset),
             _ => Err("usage: reset".into()),
@@ -138,7 +158,7 @@ fn parse_command(text: &str) -> Result<Command, String> {
             _ => Err("usage: crash triple-fault|mmio-exec|int3".into()),
         },
         other => Err(format!(
-            "unknown command `{other}` (known: touch, read, write, sum, mark, crash, reset, exit)"
+            "unknown command `{other}` (known: touch, read, write, sum, mark, sleep, crash, reset, exit)"
         )),
     }
 }
@@ -214,6 +234,24 @@ mod tests {
         assert!(err.to_string().contains("unknown command `wrte`"));
         assert!(parse_script("exit 256").is_err());
         assert!(parse_script("write ram 0 1").is_err());
+    }
+
+    #[test]
+    fn sleep_takes_bounded_milliseconds() {
+        assert_eq!(
+            parse_script("sleep 250; sleep 0; sleep 60000").unwrap(),
+            vec![
+                Command::Sleep(250),
+                Command::Sleep(0),
+                Command::Sleep(60_000)
+            ]
+        );
+        let err = parse_script("sleep 60001").unwrap_err();
+        assert!(err.reason.contains("longer than the 60000 ms"), "{err}");
+        assert!(parse_script("sleep").is_err());
+        assert!(parse_script("sleep 1 2").is_err());
+        assert!(parse_script("sleep 1s").is_err());
+        assert!(parse_script("sleep -1").is_err());
     }
 
     #[test]
