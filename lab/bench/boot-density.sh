@@ -7,7 +7,12 @@
 # Variants (BENCH_VMMS):
 #   qemu-bz    QEMU 7.2 -enable-kvm -kernel bzImage -initrd (decompresses into guest RAM)
 #   qemu-pvh   QEMU 7.2 -enable-kvm -kernel vmlinux (PVH; QEMU maps the ELF file)
-#   densevm    densevm run --kernel vmlinux (PVH, segments mmap'd from the file)
+#   densevm    densevm run --kernel vmlinux (PVH, segments mmap'd from the file; the default
+#              --merge boot marks the kernel/initrd windows for KSM)
+#   densevm-all  the same with --merge all (guest RAM too)
+# BENCH_KSM=1 runs L1's ksmd (QEMU marks its guest RAM mergeable by default, densevm its boot
+# windows) and measures once ksmd has finished 3 full scans after the last VM reached init;
+# otherwise ksmd is off.
 . "$LAB_SRC/lib/test-lib.sh"
 need_file "$GUEST_BZIMAGE" "$GUEST_VMLINUX" "$GUEST_INITRD"
 need_cmd qemu-system-x86_64 densevm
@@ -19,6 +24,20 @@ INIT_TIMEOUT="${BENCH_INIT_TIMEOUT:-240}"
 CMDLINE="console=ttyS0 panic=-1 quiet hold"
 work=/tmp/bench
 mkdir -p "$work"
+KSM=/sys/kernel/mm/ksm
+if [ "${BENCH_KSM:-0}" = 1 ]; then
+  [ -w "$KSM/run" ] || fail "BENCH_KSM=1 but $KSM/run is missing (L1 kernel without CONFIG_KSM)"
+  echo 2000 > "$KSM/pages_to_scan"; echo 20 > "$KSM/sleep_millisecs"; echo 1 > "$KSM/run"
+elif [ -w "$KSM/run" ]; then
+  echo 0 > "$KSM/run"
+fi
+
+# ksm_settle: with ksmd on, waits (at most 300 s) for 3 more full scans.
+ksm_settle() {
+  [ "${BENCH_KSM:-0}" = 1 ] || return 0
+  _target=$(($(cat "$KSM/full_scans") + 3)); _w=0
+  while [ "$(cat "$KSM/full_scans")" -lt "$_target" ] && [ "$_w" -lt 300 ]; do sleep 1; _w=$((_w + 1)); done
+}
 
 launch() { # launch VARIANT INDEX : starts one VM in the background, prints its PID
   log="$work/vm$2.log"
@@ -34,9 +53,10 @@ launch() { # launch VARIANT INDEX : starts one VM in the background, prints its 
         -display none -serial "file:$log" -kernel "$GUEST_VMLINUX" -initrd "$GUEST_INITRD" \
         -append "$CMDLINE" > "$work/vm$2.err" 2>&1 &
       ;;
-    densevm)
+    densevm | densevm-all)
+      merge=boot; [ "$1" = densevm-all ] && merge=all
       densevm run --kernel "$GUEST_VMLINUX" --initrd "$GUEST_INITRD" --memory 256M --cpus 1 \
-        --cmdline "$CMDLINE" > "$log" 2> "$work/vm$2.err" &
+        --merge "$merge" --cmdline "$CMDLINE" > "$log" 2> "$work/vm$2.err" &
       ;;
   esac
   echo $!
@@ -46,7 +66,7 @@ rollup() { # rollup PID FIELD : kB value of FIELD in smaps_rollup
   awk -v f="$2:" '$1 == f { print $2 }' "/proc/$1/smaps_rollup" 2>/dev/null
 }
 
-echo "# boot density: $(date -u +%Y-%m-%dT%H:%MZ), L1 $(nproc) vCPUs, $(awk '/MemTotal/{print int($2/1024)}' /proc/meminfo) MiB, kernel $GUEST_KERNEL_RELEASE"
+echo "# boot density: $(date -u +%Y-%m-%dT%H:%MZ), ksmd ${BENCH_KSM:-0}, L1 $(nproc) vCPUs, $(awk '/MemTotal/{print int($2/1024)}' /proc/meminfo) MiB, kernel $GUEST_KERNEL_RELEASE"
 echo "| VMM | N | per-VM USS MiB | per-VM PSS MiB | per-VM RSS MiB | init s (mean) | init s (max) |"
 echo "|---|---:|---:|---:|---:|---:|---:|"
 status=0
@@ -79,7 +99,7 @@ for vmm in $VMMS; do
       i=$((i + 1))
     done
     # The init marker comes before the guest settles; let it go idle before measuring.
-    [ -z "$failed" ] && sleep 3
+    [ -z "$failed" ] && sleep 3 && ksm_settle
     uss=0; pss=0; rss=0
     for pid in $pids; do
       [ -z "$failed" ] || break

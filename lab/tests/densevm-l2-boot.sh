@@ -1,7 +1,8 @@
 #!/bin/sh
 # densevm boots the stock Debian kernel in the nested lab (issue 3).
 # Checks: PVH boot of the ELF vmlinux with 2 vCPUs reaches init and powers off with exit
-# code 0; the bzImage path does the same; two VMs mapping the same vmlinux share its pages.
+# code 0; the bzImage path does the same; two VMs mapping the same vmlinux share its pages,
+# through the page cache and, with ksmd on, through KSM (`--merge boot`; `--merge off` is the control).
 . "$LAB_SRC/lib/test-lib.sh"
 need_cmd densevm
 need_file "$GUEST_VMLINUX" "$GUEST_BZIMAGE" "$GUEST_INITRD"
@@ -27,29 +28,61 @@ boot() { # boot NAME KERNEL : one VM to poweroff, 2 vCPUs
 boot pvh "$GUEST_VMLINUX"
 boot bzimage "$GUEST_BZIMAGE"
 
-# Sharing: two held VMs, then the vmlinux mapping's PSS must be well under its RSS.
+# Sharing. Three held VMs on one vmlinux: two with the default `--merge boot`, one with
+# `--merge off` as the control. ksmd stays off until the first measurement.
+KSM=/sys/kernel/mm/ksm
+[ -w "$KSM/run" ] || fail "$KSM/run missing: the L1 kernel lacks KSM (CONFIG_KSM)"
+echo 0 > "$KSM/run"
 pids=""
-for i in 1 2; do
+for i in 1 2 3; do
+  merge=boot; [ "$i" = 3 ] && merge=off
   densevm run --kernel "$GUEST_VMLINUX" --initrd "$GUEST_INITRD" --memory 256M --cpus 1 \
-    --cmdline "$CMDLINE hold" > "/tmp/share$i.log" 2>&1 &
+    --merge "$merge" --cmdline "$CMDLINE hold" > "/tmp/share$i.log" 2>&1 &
   pids="$pids $!"
 done
-for i in 1 2; do
-  wait_for_line "/tmp/share$i.log" DENSEVM-GUEST-INIT 300 || fail "share VM $i: no init marker"
+for i in 1 2 3; do
+  wait_for_line "/tmp/share$i.log" DENSEVM-GUEST-INIT 400 || fail "share VM $i: no init marker"
 done
 sleep 2
-# In L1 the files live in the initramfs (ramfs), whose page-cache pages count as
-# Shared_Dirty, so "shared" here is RSS minus the private (copied-on-write) pages.
-ok=1
-for pid in $pids; do
-  set -- $(mapping_kb "$pid" "$GUEST_VMLINUX")
-  shared=$(( ${1:-0} - ${4:-0} - ${5:-0} ))
-  echo "pid $pid vmlinux mapping: rss ${1} kB pss ${2} kB private ${4}+${5} kB shared ${shared} kB"
+set -- $pids
+pid1=$1 pid2=$2 pid_off=$3
+show() { # show LABEL PID: the vmlinux mapping of PID, summed and per VMA
+  set -- "$1" "$2" $(mapping_kb "$2" "$GUEST_VMLINUX")
+  echo "$1 (pid $2) vmlinux mapping: rss $3 kB pss $4 kB private $6+$7 kB"
   awk -v path="$GUEST_VMLINUX" '/^[0-9a-f]+-[0-9a-f]+ / { inside = ($6 == path); if (inside) printf "  %s", $1; next }
-    inside && ($1 == "Rss:" || $1 == "Pss:") { printf " %s %s", $1, $2 } inside && $1 == "Private_Dirty:" { printf " Private_Dirty: %s\n", $2 }' "/proc/$pid/smaps"
-  [ "$shared" -gt 8192 ] || ok=0
-  [ "${2:-0}" -lt "${1:-0}" ] || ok=0
+    inside && ($1 == "Rss:" || $1 == "Pss:") { printf " %s %s", $1, $2 } inside && $1 == "Private_Dirty:" { printf " Private_Dirty: %s\n", $2 }' "/proc/$2/smaps"
+}
+# 1. Page cache: pages the guest never writes stay shared. In L1 the files live in the
+#    initramfs (ramfs), whose page-cache pages count as Shared_Dirty, so "shared" here is
+#    RSS minus the private (copied-on-write) pages.
+ok=1
+for pid in $pid1 $pid2; do
+  show "page cache only" "$pid"
+  set -- $(mapping_kb "$pid" "$GUEST_VMLINUX")
+  [ $(( $1 - $4 - $5 )) -gt 8192 ] || ok=0
+  [ "$2" -lt "$1" ] || ok=0
 done
+[ "$ok" = 1 ] || fail "vmlinux pages are not shared between the VMs (need > 8 MiB shared and PSS < RSS)"
+# 2. KSM: what each kernel patched or cleared at boot is the same in every VM, so with
+#    ksmd on, the `--merge boot` VMs fold those pages together; the control keeps its copies.
+scans=$(cat "$KSM/full_scans")
+echo 2000 > "$KSM/pages_to_scan"; echo 20 > "$KSM/sleep_millisecs"; echo 1 > "$KSM/run"
+waited=0
+while [ "$(cat "$KSM/full_scans")" -lt $((scans + 3)) ]; do
+  [ "$waited" -lt 300 ] || fail "ksmd did not finish 3 full scans in 300 s"
+  sleep 1; waited=$((waited + 1))
+done
+echo "ksmd: $(($(cat "$KSM/full_scans") - scans)) full scans in ${waited}s, pages_sharing $(cat "$KSM/pages_sharing")"
+for pid in $pid1 $pid2; do
+  show "merged" "$pid"
+  set -- $(mapping_kb "$pid" "$GUEST_VMLINUX")
+  [ $(( $2 * 100 )) -le $(( $1 * 55 )) ] || ok=0
+  [ $(( ($4 + $5) * 100 )) -le $(( $1 * 20 )) ] || ok=0
+done
+show "control --merge off" "$pid_off"
+set -- $(mapping_kb "$pid_off" "$GUEST_VMLINUX")
+[ $(( ($4 + $5) * 100 )) -ge $(( $1 * 50 )) ] || fail "the --merge off VM lost its private kernel pages: is something else merging them?"
+echo 0 > "$KSM/run"
 for pid in $pids; do kill "$pid"; done
-[ "$ok" = 1 ] || fail "vmlinux pages are not shared between the two VMs (need > 8 MiB shared and PSS < RSS)"
+[ "$ok" = 1 ] || fail "with ksmd on, --merge boot VMs must have vmlinux PSS <= 0.55 RSS and <= 20% private"
 echo "PASS: densevm boots the Debian kernel (PVH and bzImage) and shares its pages"
