@@ -279,132 +279,184 @@ fn probe_rows(t: &mut Table, bin: &Path, d: &Path) {
     );
 }
 
-fn main() {
-    if std::env::args().any(|a| a == "--list") {
-        return;
-    }
-    let d = dir();
-    let mut t = Table(Vec::new());
+/// Expansion latencies of one mapping configuration.
+struct Expansion {
+    paced: f64,
+    prep: f64,
+    after: f64,
+    burst: f64,
+    vmas: usize,
+    stats: densevm_pmem::PmemStats,
+}
 
-    // --- Thin expansion: first write to each of N clusters.
-    let n_exp = 2048u64;
-    let img = d.join("thin.pcow");
-    create(&img, n_exp * CLUSTER * 2, None);
-    let r = map(&img);
+/// Thin expansion: first write to each of `n` clusters of a fresh image mapped with `opts`.
+fn expansion(img: &Path, n: u64, opts: MapOptions) -> Expansion {
+    create(img, n * CLUSTER * 2, None);
+    let r = PmemRegion::map(SharedChain::new(open_rw(img)), opts).unwrap();
     // Paced: batches of 32 first writes with a pause, so the pool thread keeps zero-filled
-    // clusters ready (the latency a guest sees when it is not expanding at full speed).
+    // (and staged) clusters ready (the latency a guest sees when it is not expanding at full
+    // speed).
     let mut paced = 0.0;
     let batch = 32;
-    for b in 0..n_exp / 2 / batch {
+    for b in 0..n / 2 / batch {
         std::thread::sleep(std::time::Duration::from_millis(20));
         let at = r.host_addr() + b * batch * CLUSTER;
         paced += touch(at, batch * CLUSTER, CLUSTER, true);
     }
-    paced /= (n_exp / 2 / batch) as f64;
+    paced /= (n / 2 / batch) as f64;
     // The expansion work itself, without the fault round trip: allocate + map (the
     // vCPU-exit/device path), then the first store to the now file-backed page.
     std::thread::sleep(std::time::Duration::from_millis(50));
-    let direct_base = n_exp / 2 * CLUSTER;
+    let direct_base = n / 2 * CLUSTER;
     let t0 = Instant::now();
     for i in 0..32 {
         r.prepare_write(direct_base + i * CLUSTER).unwrap();
     }
     let prep = t0.elapsed().as_secs_f64() * 1e6 / 32.0;
     let after = touch(r.host_addr() + direct_base, 32 * CLUSTER, CLUSTER, true);
-    // Burst: the other half back to back (the pool's zero-filling cannot keep up).
-    let exp = touch(
+    // Burst: the other half back to back (the pool cannot keep up).
+    let burst = touch(
         r.host_addr() + direct_base + 32 * CLUSTER,
-        (n_exp / 2 - 32) * CLUSTER,
+        (n / 2 - 32) * CLUSTER,
         CLUSTER,
         true,
     );
     let vmas = r.vma_count().unwrap();
+    let stats = r.stats();
     r.flush().unwrap();
     drop(r);
-    // Peer: a fresh preallocated file (like the image's pool), first write per 64 KiB.
-    let f = FsOpen::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(d.join("plain"))
-        .unwrap();
-    // SAFETY: fallocate on a file we own.
-    unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, (n_exp * CLUSTER) as libc::off_t) };
-    let a = mmap(
-        n_exp * CLUSTER,
-        libc::PROT_READ | libc::PROT_WRITE,
-        libc::MAP_SHARED,
-        f.as_raw_fd(),
-    );
-    let plain = touch(a, n_exp * CLUSTER, CLUSTER, true);
-    munmap(a, n_exp * CLUSTER);
-    let a = mmap(
-        n_exp * CLUSTER,
-        libc::PROT_READ | libc::PROT_WRITE,
-        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-        -1,
-    );
-    let anon = touch(a, n_exp * CLUSTER, CLUSTER, true);
-    munmap(a, n_exp * CLUSTER);
-    t.row(
-        "expansion: first write to an unallocated 64 KiB cluster, paced (pool ready)",
-        us(paced),
-        &format!(
-            "{} clusters in batches of {batch}; peers: fallocated MAP_SHARED file page {}, anonymous page {}",
-            n_exp / 2,
-            us(plain),
-            us(anon)
-        ),
-    );
-    t.row(
-        "expansion work without the uffd round trip",
-        us(prep + after),
-        &format!(
-            "allocate + mmap {} (`prepare_write`), then first store to the zero-filled pool page {}",
-            us(prep),
-            us(after)
-        ),
-    );
-    t.row(
-        "expansion, burst (back to back)",
-        us(exp),
-        &format!(
-            "{} clusters; ratio {:.1}x of the fallocated MAP_SHARED peer",
-            n_exp / 2 - 32,
-            exp / plain
-        ),
-    );
-    t.row(
-        "VMAs after sequential expansion",
-        format!("{vmas}"),
-        &format!(
-            "{n_exp} clusters in {} segments (a meta cluster every 1024 breaks the file run)",
-            n_exp.div_ceil(1024)
-        ),
-    );
+    Expansion {
+        paced,
+        prep,
+        after,
+        burst,
+        vmas,
+        stats,
+    }
+}
 
-    // --- Read faults of unallocated pages.
-    let img = d.join("read.pcow");
-    create(&img, 64 * MIB, None);
-    let r = map(&img);
-    let before = rss_anon_kib();
-    let rd = touch(r.host_addr(), 16 * MIB, PAGE, false);
-    let grew = rss_anon_kib().saturating_sub(before);
-    drop(r);
-    let a = mmap(
-        16 * MIB,
-        libc::PROT_READ,
-        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-        -1,
+fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    // `cargo bench -p densevm-pmem --bench pmem_bench -- expansion` runs only that part.
+    let only: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    let want = |part: &str| only.as_deref().is_none_or(|o| part.contains(o));
+    let d = dir();
+    let mut t = Table(Vec::new());
+
+    if want("expansion") {
+        // --- Thin expansion: first write to each of N clusters, with the default options
+        // (staged pool, spinning service thread) and with both off (the previous design).
+        let n_exp = 2048u64;
+        let e = expansion(&d.join("thin.pcow"), n_exp, MapOptions::default());
+        let old = expansion(
+            &d.join("thin-plain.pcow"),
+            n_exp,
+            MapOptions {
+                staging: false,
+                spin: std::time::Duration::ZERO,
+                ..MapOptions::default()
+            },
+        );
+        // Peer: a fresh preallocated file (like the image's pool), first write per 64 KiB.
+        let f = FsOpen::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(d.join("plain"))
+            .unwrap();
+        // SAFETY: fallocate on a file we own.
+        unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, (n_exp * CLUSTER) as libc::off_t) };
+        let a = mmap(
+            n_exp * CLUSTER,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+        );
+        let plain = touch(a, n_exp * CLUSTER, CLUSTER, true);
+        munmap(a, n_exp * CLUSTER);
+        let a = mmap(
+            n_exp * CLUSTER,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+        );
+        let anon = touch(a, n_exp * CLUSTER, CLUSTER, true);
+        munmap(a, n_exp * CLUSTER);
+        let ratio = |v: f64, peer: f64| format!("{:.1}x", v / peer);
+        t.row(
+        "expansion: first write to an unallocated 64 KiB cluster, paced (pool ready)",
+        us(e.paced),
+        &format!(
+            "{} clusters in batches of 32, {} of them moved from the staged pool; {} = {} of the fallocated MAP_SHARED file page peer ({}), {} of the anonymous page peer ({}); without staging and spinning {} ({})",
+            n_exp / 2,
+            e.stats.staged_hits.min(n_exp / 2),
+            us(e.paced),
+            ratio(e.paced, plain),
+            us(plain),
+            ratio(e.paced, anon),
+            us(anon),
+            us(old.paced),
+            ratio(old.paced, plain),
+        ),
     );
-    let anon_rd = touch(a, 16 * MIB, PAGE, false);
-    munmap(a, 16 * MIB);
-    let f = data_file(&d.join("cached"), 16 * MIB, 7);
-    let a = mmap(16 * MIB, libc::PROT_READ, libc::MAP_SHARED, f.as_raw_fd());
-    let file_rd = touch(a, 16 * MIB, PAGE, false);
-    munmap(a, 16 * MIB);
-    t.row(
+        t.row(
+        "expansion work without the uffd round trip",
+        us(e.prep + e.after),
+        &format!(
+            "allocate + move/map {} (`prepare_write`), then first store {}; without staging: {} + {}",
+            us(e.prep),
+            us(e.after),
+            us(old.prep),
+            us(old.after)
+        ),
+    );
+        t.row(
+        "expansion, burst (back to back)",
+        us(e.burst),
+        &format!(
+            "{} clusters, {} faults picked up while spinning; {} of the fallocated MAP_SHARED peer; without staging and spinning {} ({})",
+            n_exp / 2 - 32,
+            e.stats.spin_hits,
+            ratio(e.burst, plain),
+            us(old.burst),
+            ratio(old.burst, plain),
+        ),
+    );
+        t.row(
+        "VMAs after sequential expansion",
+        format!("{}", e.vmas),
+        &format!(
+            "{n_exp} clusters in {} segments (a meta cluster every 1024 breaks the file run); without staging {}",
+            n_exp.div_ceil(1024),
+            old.vmas
+        ),
+    );
+    }
+    if want("read") {
+        // --- Read faults of unallocated pages.
+        let img = d.join("read.pcow");
+        create(&img, 64 * MIB, None);
+        let r = map(&img);
+        let before = rss_anon_kib();
+        let rd = touch(r.host_addr(), 16 * MIB, PAGE, false);
+        let grew = rss_anon_kib().saturating_sub(before);
+        drop(r);
+        let a = mmap(
+            16 * MIB,
+            libc::PROT_READ,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+        );
+        let anon_rd = touch(a, 16 * MIB, PAGE, false);
+        munmap(a, 16 * MIB);
+        let f = data_file(&d.join("cached"), 16 * MIB, 7);
+        let a = mmap(16 * MIB, libc::PROT_READ, libc::MAP_SHARED, f.as_raw_fd());
+        let file_rd = touch(a, 16 * MIB, PAGE, false);
+        munmap(a, 16 * MIB);
+        t.row(
         "read fault: unallocated page (uffd, write-protected zero page)",
         us(rd),
         &format!(
@@ -413,47 +465,48 @@ fn main() {
             us(file_rd)
         ),
     );
-
-    // --- 4 KiB copy-on-write over a snapshot.
-    let cow_len = 16 * MIB;
-    let img = d.join("cow.pcow");
-    create(&img, 64 * MIB, None);
-    let img2 = d.join("cow2.pcow");
-    create(&img2, 64 * MIB, None);
-    for p in [&img, &img2] {
-        let mut c = open_rw(p);
-        c.write(0, &vec![0x11; cow_len as usize]).unwrap();
-        c.flush().unwrap();
-        c.snapshot_create("s").unwrap();
     }
-    let r = map(&img);
-    touch(r.host_addr(), cow_len, PAGE, false); // warm the page cache like the peers
-    let cow_segv = touch(r.host_addr(), cow_len, PAGE, true);
-    let s = r.stats();
-    let t0 = Instant::now();
-    r.flush().unwrap();
-    let flush_ms = t0.elapsed().as_secs_f64() * 1e3;
-    drop(r);
-    let r = map(&img2);
-    touch(r.host_addr(), cow_len, PAGE, false);
-    let h = r.write_fault_handle();
-    let t0 = Instant::now();
-    for off in (0..cow_len).step_by(PAGE as usize) {
-        h.guest_write(off, Some(&[1u8])).unwrap();
-    }
-    let cow_hook = t0.elapsed().as_secs_f64() * 1e6 / (cow_len / PAGE) as f64;
-    drop(r);
-    let f = data_file(&d.join("private"), cow_len, 0x11);
-    let a = mmap(
-        cow_len,
-        libc::PROT_READ | libc::PROT_WRITE,
-        libc::MAP_PRIVATE,
-        f.as_raw_fd(),
-    );
-    touch(a, cow_len, PAGE, false);
-    let kcow = touch(a, cow_len, PAGE, true);
-    munmap(a, cow_len);
-    t.row(
+    if want("cow") {
+        // --- 4 KiB copy-on-write over a snapshot.
+        let cow_len = 16 * MIB;
+        let img = d.join("cow.pcow");
+        create(&img, 64 * MIB, None);
+        let img2 = d.join("cow2.pcow");
+        create(&img2, 64 * MIB, None);
+        for p in [&img, &img2] {
+            let mut c = open_rw(p);
+            c.write(0, &vec![0x11; cow_len as usize]).unwrap();
+            c.flush().unwrap();
+            c.snapshot_create("s").unwrap();
+        }
+        let r = map(&img);
+        touch(r.host_addr(), cow_len, PAGE, false); // warm the page cache like the peers
+        let cow_segv = touch(r.host_addr(), cow_len, PAGE, true);
+        let s = r.stats();
+        let t0 = Instant::now();
+        r.flush().unwrap();
+        let flush_ms = t0.elapsed().as_secs_f64() * 1e3;
+        drop(r);
+        let r = map(&img2);
+        touch(r.host_addr(), cow_len, PAGE, false);
+        let h = r.write_fault_handle();
+        let t0 = Instant::now();
+        for off in (0..cow_len).step_by(PAGE as usize) {
+            h.guest_write(off, Some(&[1u8])).unwrap();
+        }
+        let cow_hook = t0.elapsed().as_secs_f64() * 1e6 / (cow_len / PAGE) as f64;
+        drop(r);
+        let f = data_file(&d.join("private"), cow_len, 0x11);
+        let a = mmap(
+            cow_len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE,
+            f.as_raw_fd(),
+        );
+        touch(a, cow_len, PAGE, false);
+        let kcow = touch(a, cow_len, PAGE, true);
+        munmap(a, cow_len);
+        t.row(
         "4 KiB CoW, host thread (SIGSEGV → fault thread)",
         us(cow_segv),
         &format!(
@@ -463,16 +516,16 @@ fn main() {
             cow_segv / kcow
         ),
     );
-    t.row(
-        "4 KiB CoW, vCPU exit path (WriteFaultHandle::guest_write)",
-        us(cow_hook),
-        "the work done per MMIO/EFAULT exit, without the exit itself",
-    );
-    let have_qemu = Command::new("qemu-io").arg("--version").output().is_ok();
-    if have_qemu {
-        let n = 256;
-        let (cow, plain) = qcow2_cow(&d, n);
         t.row(
+            "4 KiB CoW, vCPU exit path (WriteFaultHandle::guest_write)",
+            us(cow_hook),
+            "the work done per MMIO/EFAULT exit, without the exit itself",
+        );
+        let have_qemu = Command::new("qemu-io").arg("--version").output().is_ok();
+        if have_qemu {
+            let n = 256;
+            let (cow, plain) = qcow2_cow(&d, n);
+            t.row(
             "qcow2 CoW (qemu-io, backing file, 4 KiB write into a 64 KiB cluster)",
             us(cow),
             &format!(
@@ -481,22 +534,23 @@ fn main() {
                 cow / cow_segv
             ),
         );
-    } else {
-        t.row(
-            "qcow2 CoW",
-            "not measured".into(),
-            "qemu-io missing: run `make deps`",
-        );
+        } else {
+            t.row(
+                "qcow2 CoW",
+                "not measured".into(),
+                "qemu-io missing: run `make deps`",
+            );
+        }
     }
-
-    // --- Start-up of a 64 GiB image with 1M clusters.
-    let img = d.join("big.pcow");
-    let clusters = big_image(&img);
-    let t0 = Instant::now();
-    let chain = SharedChain::new(open_rw(&img));
-    let open_ms = t0.elapsed().as_secs_f64() * 1e3;
-    let r = PmemRegion::map(chain, MapOptions::default()).unwrap();
-    t.row(
+    if want("startup") {
+        // --- Start-up of a 64 GiB image with 1M clusters.
+        let img = d.join("big.pcow");
+        let clusters = big_image(&img);
+        let t0 = Instant::now();
+        let chain = SharedChain::new(open_rw(&img));
+        let open_ms = t0.elapsed().as_secs_f64() * 1e3;
+        let r = PmemRegion::map(chain, MapOptions::default()).unwrap();
+        t.row(
         "start-up: 64 GiB image, 1M allocated 64 KiB clusters",
         format!("{:.0} ms", open_ms + r.startup_time().as_secs_f64() * 1e3),
         &format!(
@@ -507,9 +561,9 @@ fn main() {
             clusters
         ),
     );
-    drop(r);
-
-    if let Some(bin) = std::env::var_os("DENSEVM_BIN") {
+        drop(r);
+    }
+    if let Some(bin) = std::env::var_os("DENSEVM_BIN").filter(|_| want("probe")) {
         probe_rows(&mut t, Path::new(&bin), &d);
     }
     t.print();

@@ -9,6 +9,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use pcow::{AllocInit, EntryKind, SharedChain, UNIT_SIZE};
 
 use crate::error::{sys, PmemError, Result};
+use crate::staging::{populate_write, Staging};
 
 /// Host page size assumed by the mapping (x86-64).
 pub const PAGE: u64 = 4096;
@@ -24,6 +25,8 @@ pub(crate) struct Counters {
     pub segv_faults: AtomicU64,
     pub guest_hook_faults: AtomicU64,
     pub raced: AtomicU64,
+    pub staged_hits: AtomicU64,
+    pub spin_hits: AtomicU64,
 }
 
 /// Copied units not yet recorded in the image (made valid at the next flush).
@@ -50,9 +53,12 @@ pub(crate) struct Inner {
     /// Allocations since the last pool refill; the refill thread waits on `refill_cv`.
     pub refill: Mutex<(u64, bool)>,
     pub refill_cv: Condvar,
-    /// One past the highest slot allocated through this region (the pool is zero-filled
-    /// from there on).
-    pub alloc_end: AtomicU64,
+    /// The predicted next tail slot of the top file (where the next `Zeroed` allocation
+    /// lands): one past the highest slot allocated through this region, or the image's tail
+    /// at start. The pool is zero-filled and staged from there on.
+    pub next_tail: AtomicU64,
+    /// Tail clusters mapped and pre-faulted ahead of their allocation.
+    pub staging: Staging,
 }
 
 /// A run of contiguous host pages mapped from one file.
@@ -175,22 +181,41 @@ impl Inner {
                 }
                 self.copy_on_write(&mut state, logical, unit, Some(l.bitmap), copied)
             }
-            None => self.expand(logical),
-            Some(l) if l.kind == EntryKind::Zero => self.expand(logical),
+            None => self.expand(logical, offset),
+            Some(l) if l.kind == EntryKind::Zero => self.expand(logical, offset),
             Some(_) => self.copy_on_write(&mut state, logical, unit, None, copied),
         }
     }
 
-    fn expand(&self, logical: u64) -> Result<()> {
+    /// Thin expansion of `logical` for a write at region offset `offset`: allocate a zeroed
+    /// cluster (entry written), then map it writable: the staged, pre-faulted cluster of that
+    /// slot moved into place if there is one, else a fresh mapping whose faulting page is
+    /// pre-faulted here, so the woken thread's retry does not fault again.
+    fn expand(&self, logical: u64, offset: u64) -> Result<()> {
         let a = self.chain.allocate(logical, AllocInit::Zeroed)?;
-        self.alloc_end.fetch_max(a.slot + 1, Ordering::Relaxed);
-        self.map_run(&Run {
-            offset: logical * self.cluster,
-            len: self.cluster,
-            image: 0,
-            file_offset: a.file_offset,
-            writable: true,
-        })?;
+        self.next_tail.fetch_max(a.slot + 1, Ordering::Relaxed);
+        let target = self.base + logical * self.cluster;
+        let staged = self.staging.take(a.slot, a.file_offset);
+        let moved = staged.is_some_and(|from| match self.staging.move_to(from, target) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!("pmem: {e}; mapping the cluster directly");
+                false
+            }
+        });
+        if moved {
+            self.counters.staged_hits.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.map_run(&Run {
+                offset: logical * self.cluster,
+                len: self.cluster,
+                image: 0,
+                file_offset: a.file_offset,
+                writable: true,
+            })?;
+            // Best effort: without it the retry faults the page in itself.
+            let _ = populate_write(self.base + (offset & !(PAGE - 1)), PAGE);
+        }
         self.counters.expansions.fetch_add(1, Ordering::Relaxed);
         self.note_allocation();
         Ok(())
@@ -211,7 +236,7 @@ impl Inner {
             vec![unit]
         };
         let a = self.chain.allocate(logical, AllocInit::Empty)?;
-        self.alloc_end.fetch_max(a.slot + 1, Ordering::Relaxed);
+        self.next_tail.fetch_max(a.slot + 1, Ordering::Relaxed);
         if a.newly_allocated {
             self.note_allocation();
         }
@@ -252,10 +277,16 @@ impl Inner {
         Ok(())
     }
 
+    /// Allocations after which the pool refill thread runs: every `REFILL_EVERY`, or sooner
+    /// when that would empty the staged clusters first.
+    pub fn refill_every(&self) -> u64 {
+        crate::REFILL_EVERY.min(self.staging.target().div_ceil(2))
+    }
+
     fn note_allocation(&self) {
         let mut r = self.refill.lock().unwrap_or_else(|p| p.into_inner());
         r.0 += 1;
-        if r.0 >= crate::REFILL_EVERY {
+        if r.0 >= self.refill_every() {
             self.refill_cv.notify_one();
         }
     }

@@ -20,6 +20,7 @@ mod fault;
 mod region;
 mod segv;
 mod service;
+mod staging;
 pub mod uffd;
 
 pub use error::{PmemError, Result};

@@ -10,6 +10,7 @@ use pcow::{EntryKind, SharedChain, UNIT_SIZE};
 
 use crate::error::{sys, PmemError, Result};
 use crate::fault::{push_run, Counters, Inner, Run, State, PAGE};
+use crate::staging::Staging;
 use crate::uffd::{Uffd, REGISTER_MISSING, REGISTER_WP};
 use crate::{segv, service};
 
@@ -23,6 +24,14 @@ pub struct MapOptions {
     pub whole_cluster_units: u32,
     /// Clusters the background thread keeps pre-allocated at the end of the top file.
     pub pool_clusters: u64,
+    /// Keep the next few pool clusters mapped and pre-faulted (up to 4 MiB / 64 clusters),
+    /// so an expansion moves one into place instead of mapping and faulting it.
+    pub staging: bool,
+    /// After serving a fault, the service thread keeps polling for the next one this long
+    /// (non-blocking reads, yielding the CPU in between, so a woken faulting thread on the
+    /// same CPU runs first) before sleeping in `poll`: a burst skips the service thread's
+    /// sleep/wake. Costs at most this much CPU time after each burst; zero disables it.
+    pub spin: Duration,
 }
 
 impl Default for MapOptions {
@@ -31,6 +40,8 @@ impl Default for MapOptions {
             size: None,
             whole_cluster_units: 1,
             pool_clusters: 256,
+            staging: true,
+            spin: Duration::from_micros(50),
         }
     }
 }
@@ -54,6 +65,12 @@ pub struct PmemStats {
     pub guest_hook_faults: u64,
     /// Faults found already served by a racing fault.
     pub raced: u64,
+    /// Expansions served by moving a staged (pre-mapped, pre-faulted) pool cluster.
+    pub staged_hits: u64,
+    /// Faults picked up while the service thread was polling after a previous one.
+    pub spin_hits: u64,
+    /// Pool clusters staged (mapped and pre-faulted outside the region) right now.
+    pub staged_clusters: u64,
 }
 
 /// A pcow chain mapped at a contiguous host range, with its fault service running.
@@ -240,6 +257,7 @@ impl PmemRegion {
             })?);
         }
         let writable = files.first().is_some_and(|f| f.writable);
+        let fds0 = fds[0];
         let reserved = size.next_multiple_of(cs);
         let base = reserve(reserved, cs.max(2 << 20))?;
         let uffd = Uffd::new().map_err(PmemError::Userfaultfd)?;
@@ -257,8 +275,12 @@ impl PmemRegion {
             counters: Counters::default(),
             refill: Mutex::new((0, false)),
             refill_cv: Condvar::new(),
-            alloc_end: std::sync::atomic::AtomicU64::new(0),
+            next_tail: std::sync::atomic::AtomicU64::new(0),
+            staging: Staging::new(cs, fds0),
         });
+        inner
+            .next_tail
+            .store(service::initial_tail(&inner), Ordering::Relaxed);
         let unmap = |e: PmemError| {
             // SAFETY: unmapping our own reservation on the error path.
             unsafe { libc::munmap(base as *mut libc::c_void, reserved as usize) };
@@ -295,12 +317,13 @@ impl PmemRegion {
         let segv_slot = segv::register(base, size, pipe_write.as_raw_fd()).map_err(unmap)?;
         let uffd = Arc::new(uffd);
         let mut threads = Vec::new();
+        let spin = opts.spin;
         {
             let (inner, uffd, stop) = (inner.clone(), uffd.clone(), stop.clone());
             threads.push(
                 std::thread::Builder::new()
                     .name("pmem-faults".into())
-                    .spawn(move || service::serve(&inner, &uffd, pipe_read, &stop))
+                    .spawn(move || service::serve(&inner, &uffd, pipe_read, &stop, spin))
                     .map_err(|e| {
                         segv::unregister(segv_slot);
                         unmap(PmemError::Sys {
@@ -314,10 +337,10 @@ impl PmemRegion {
         }
         if writable {
             let inner2 = inner.clone();
-            let pool = opts.pool_clusters;
+            let (pool, staging) = (opts.pool_clusters, opts.staging);
             if let Ok(t) = std::thread::Builder::new()
                 .name("pmem-pool".into())
-                .spawn(move || service::refill(&inner2, pool))
+                .spawn(move || service::refill(&inner2, pool, staging))
             {
                 threads.push(t);
             }
@@ -387,6 +410,9 @@ impl PmemRegion {
             segv_faults: g(&c.segv_faults),
             guest_hook_faults: g(&c.guest_hook_faults),
             raced: g(&c.raced),
+            staged_hits: g(&c.staged_hits),
+            spin_hits: g(&c.spin_hits),
+            staged_clusters: self.inner.staging.len(),
         }
     }
     /// Number of VMAs (lines of /proc/self/maps) covering the region.

@@ -3,7 +3,7 @@
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::fault::{Inner, PAGE};
 use crate::segv::{self, Request, DONE_FAILED, DONE_OK};
@@ -14,8 +14,11 @@ use crate::uffd::{Uffd, EVENT_PAGEFAULT, FLAG_WP, FLAG_WRITE};
 struct ZeroPage([u8; PAGE as usize]);
 static ZERO_PAGE: ZeroPage = ZeroPage([0; PAGE as usize]);
 
-/// Runs the fault service until `stop` becomes readable.
-pub(crate) fn serve(inner: &Inner, uffd: &Uffd, requests: OwnedFd, stop: &OwnedFd) {
+/// Runs the fault service until `stop` becomes readable. After serving something it keeps
+/// polling (non-blocking reads, `sched_yield` in between) for `spin` before sleeping in
+/// `poll` again. Yielding rather than spinning matters: the faulting thread is usually woken
+/// on this CPU, and a spinning service thread would delay its retry by the whole window.
+pub(crate) fn serve(inner: &Inner, uffd: &Uffd, requests: OwnedFd, stop: &OwnedFd, spin: Duration) {
     let mut fds = [
         libc::pollfd {
             fd: uffd.raw_fd(),
@@ -46,30 +49,58 @@ pub(crate) fn serve(inner: &Inner, uffd: &Uffd, requests: OwnedFd, stop: &OwnedF
         if fds[2].revents != 0 {
             return;
         }
+        let mut spinning_since: Option<Instant> = None;
         loop {
-            match uffd.read_msg() {
-                Ok(Some(msg)) if msg.event == EVENT_PAGEFAULT => on_uffd_fault(inner, uffd, msg),
-                Ok(Some(_)) => {}
-                Ok(None) => break,
-                Err(e) => {
-                    tracing::error!("pmem: reading userfaultfd failed: {e}");
-                    return;
+            let Some(served) = serve_pending(inner, uffd, &requests) else {
+                return;
+            };
+            if served > 0 {
+                if spinning_since.is_some() {
+                    inner
+                        .counters
+                        .spin_hits
+                        .fetch_add(served, Ordering::Relaxed);
                 }
+                spinning_since = Some(Instant::now());
+            }
+            match spinning_since {
+                Some(t) if t.elapsed() < spin => std::thread::yield_now(),
+                _ => break,
             }
         }
-        while let Some(req) = read_request(&requests) {
-            inner.counters.segv_faults.fetch_add(1, Ordering::Relaxed);
-            let value = match inner.offset_of(req.addr).and_then(|o| inner.write_fault(o)) {
-                Ok(()) => DONE_OK,
-                Err(e) => {
-                    tracing::error!("pmem: write fault at {:#x} not served: {e}", req.addr);
-                    DONE_FAILED
-                }
-            };
-            // SAFETY: `done` was sent by a handler that waits for exactly this completion.
-            unsafe { segv::complete(req.done, value) };
-        }
     }
+}
+
+/// Serves every queued userfaultfd message and SIGSEGV request; returns how many, or `None`
+/// if the userfaultfd failed (the service stops).
+fn serve_pending(inner: &Inner, uffd: &Uffd, requests: &OwnedFd) -> Option<u64> {
+    let mut served = 0;
+    loop {
+        match uffd.read_msg() {
+            Ok(Some(msg)) if msg.event == EVENT_PAGEFAULT => on_uffd_fault(inner, uffd, msg),
+            Ok(Some(_)) => {}
+            Ok(None) => break,
+            Err(e) => {
+                tracing::error!("pmem: reading userfaultfd failed: {e}");
+                return None;
+            }
+        }
+        served += 1;
+    }
+    while let Some(req) = read_request(requests) {
+        inner.counters.segv_faults.fetch_add(1, Ordering::Relaxed);
+        let value = match inner.offset_of(req.addr).and_then(|o| inner.write_fault(o)) {
+            Ok(()) => DONE_OK,
+            Err(e) => {
+                tracing::error!("pmem: write fault at {:#x} not served: {e}", req.addr);
+                DONE_FAILED
+            }
+        };
+        // SAFETY: `done` was sent by a handler that waits for exactly this completion.
+        unsafe { segv::complete(req.done, value) };
+        served += 1;
+    }
+    Some(served)
 }
 
 fn read_request(fd: &OwnedFd) -> Option<Request> {
@@ -113,10 +144,11 @@ fn on_uffd_fault(inner: &Inner, uffd: &Uffd, msg: crate::uffd::Msg) {
     }
 }
 
-/// Keeps `pool` clusters pre-allocated at the end of the top file: runs at start, then
-/// whenever enough allocations have happened, until the region is dropped.
-pub(crate) fn refill(inner: &Inner, pool: u64) {
-    let mut next = first_unused_slot(inner);
+/// Keeps `pool` clusters pre-allocated at the end of the top file, the next of them
+/// zero-filled and the next few staged (mapped and pre-faulted, see `staging`): runs at
+/// start, then whenever enough allocations have happened, until the region is dropped.
+pub(crate) fn refill(inner: &Inner, pool: u64, staging: bool) {
+    let mut zeroed_to = inner.next_tail.load(Ordering::Relaxed);
     let mut r = inner.refill.lock().unwrap_or_else(|p| p.into_inner());
     loop {
         if r.1 {
@@ -127,14 +159,20 @@ pub(crate) fn refill(inner: &Inner, pool: u64) {
         if let Err(e) = inner.chain.preallocate(pool) {
             tracing::warn!("pmem: pre-allocation failed: {e}");
         }
-        let from = next.max(inner.alloc_end.load(Ordering::Relaxed));
-        let ahead = (from - inner.alloc_end.load(Ordering::Relaxed).min(from)).min(ZERO_AHEAD);
+        let tail = inner.next_tail.load(Ordering::Relaxed);
+        let from = zeroed_to.max(tail);
+        let ahead = (from - tail).min(ZERO_AHEAD);
         match zero_fill(inner, from, ZERO_AHEAD.min(pool) - ahead) {
-            Ok(n) => next = n,
+            Ok(n) => zeroed_to = n,
             Err(e) => tracing::warn!("pmem: zero-filling the pool failed: {e}"),
         }
+        if staging {
+            if let Err(e) = stage(inner, zeroed_to) {
+                tracing::warn!("pmem: staging pool clusters failed: {e}");
+            }
+        }
         r = inner.refill.lock().unwrap_or_else(|p| p.into_inner());
-        while !r.1 && r.0 < crate::REFILL_EVERY {
+        while !r.1 && r.0 < inner.refill_every() {
             r = inner
                 .refill_cv
                 .wait_timeout(r, Duration::from_secs(1))
@@ -147,15 +185,60 @@ pub(crate) fn refill(inner: &Inner, pool: u64) {
 /// Pool clusters kept zero-filled ahead of allocation.
 const ZERO_AHEAD: u64 = 128;
 
-/// One past the highest slot of the top file that holds an entry.
-fn first_unused_slot(inner: &Inner) -> u64 {
+/// The image's tail at open (first slot of the free run that ends the entry table and lies
+/// beyond the file's end): where the first `Zeroed` allocation lands.
+pub(crate) fn initial_tail(inner: &Inner) -> u64 {
+    // SAFETY: an all-zero stat is a valid buffer for fstat to fill.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat into a stat buffer we own.
+    let len = if unsafe { libc::fstat(inner.fds[0], &mut st) } == 0 {
+        st.st_size as u64
+    } else {
+        0
+    };
     let c = inner.chain.read();
     let img = &c.images()[0];
+    let geo = img.geometry();
     let mut s = img.slot_count();
-    while s > 0 && img.slot(s - 1).kind == pcow::EntryKind::Free {
+    while s > 0 && img.slot(s - 1).kind == pcow::EntryKind::Free && geo.data_offset(s - 1) >= len {
         s -= 1;
     }
     s
+}
+
+/// Stages free tail slots below `zeroed_to` (zero-filled, inside the file) from the predicted
+/// tail on, up to the staging target, one mapping per run of file-contiguous slots.
+fn stage(inner: &Inner, zeroed_to: u64) -> crate::Result<()> {
+    let want = inner.staging.target().saturating_sub(inner.staging.len());
+    let start = inner
+        .next_tail
+        .load(Ordering::Relaxed)
+        .max(inner.staging.end());
+    let end = (start + want).min(zeroed_to);
+    let mut runs: Vec<(std::ops::Range<u64>, u64)> = Vec::new();
+    {
+        let c = inner.chain.read();
+        let img = &c.images()[0];
+        let geo = img.geometry();
+        for slot in start..end {
+            if img.slot(slot).kind != pcow::EntryKind::Free {
+                continue;
+            }
+            let off = geo.data_offset(slot);
+            match runs.last_mut() {
+                Some((r, first))
+                    if r.end == slot && *first + (slot - r.start) * inner.cluster == off =>
+                {
+                    r.end = slot + 1;
+                }
+                _ => runs.push((slot..slot + 1, off)),
+            }
+        }
+    }
+    for (slots, file_offset) in runs {
+        inner.staging.stage(slots, file_offset)?;
+    }
+    Ok(())
 }
 
 /// Writes zeros over the data clusters of up to `count` free slots from `from`, within the
