@@ -269,6 +269,10 @@ impl Inner {
             }
             i = j;
         }
+        // Pre-fault the written page writable, so the retried store does not fault again
+        // (best effort: without it the retry faults the page in itself).
+        let page = self.base + logical * self.cluster + unit as u64 * UNIT_SIZE;
+        let _ = populate_write(page, PAGE);
         state.copied.insert(logical, bits);
         self.counters.cow_faults.fetch_add(1, Ordering::Relaxed);
         self.counters

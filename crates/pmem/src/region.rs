@@ -27,10 +27,11 @@ pub struct MapOptions {
     /// Keep the next few pool clusters mapped and pre-faulted (up to 4 MiB / 64 clusters),
     /// so an expansion moves one into place instead of mapping and faulting it.
     pub staging: bool,
-    /// After serving a fault, the service thread keeps polling for the next one this long
-    /// (non-blocking reads, yielding the CPU in between, so a woken faulting thread on the
-    /// same CPU runs first) before sleeping in `poll`: a burst skips the service thread's
-    /// sleep/wake. Costs at most this much CPU time after each burst; zero disables it.
+    /// Both ends of a fault round trip poll instead of sleeping for up to this long: the
+    /// service thread after serving a fault keeps reading for the next one (a burst skips
+    /// its sleep/wake), and a host thread's SIGSEGV handler polls for its completion before
+    /// sleeping on a futex. Both yield the CPU between polls (a woken faulting thread usually
+    /// runs on the same CPU). Costs at most this much CPU time per burst; zero disables it.
     pub spin: Duration,
 }
 
@@ -85,6 +86,7 @@ pub struct PmemRegion {
     threads: Vec<JoinHandle<()>>,
     startup: Duration,
     initial_runs: usize,
+    lower_ranges: Vec<(u64, u64)>,
 }
 
 /// A cheap, cloneable handle for the VMM's vCPU exit path (see
@@ -314,7 +316,8 @@ impl PmemRegion {
         }
         // SAFETY: fresh descriptor.
         let stop = Arc::new(unsafe { OwnedFd::from_raw_fd(efd) });
-        let segv_slot = segv::register(base, size, pipe_write.as_raw_fd()).map_err(unmap)?;
+        let segv_slot =
+            segv::register(base, size, pipe_write.as_raw_fd(), opts.spin).map_err(unmap)?;
         let uffd = Arc::new(uffd);
         let mut threads = Vec::new();
         let spin = opts.spin;
@@ -354,6 +357,12 @@ impl PmemRegion {
             threads,
             startup: started.elapsed(),
             initial_runs: runs.len(),
+            lower_ranges: runs
+                .iter()
+                .filter(|r| !r.writable)
+                .map(|r| (r.offset, r.len.min(size - r.offset.min(size))))
+                .filter(|&(_, len)| len > 0)
+                .collect(),
         })
     }
 
@@ -380,6 +389,13 @@ impl PmemRegion {
     /// Number of file runs mapped at start-up (each one `mmap` call).
     pub fn initial_runs(&self) -> usize {
         self.initial_runs
+    }
+    /// The `(offset, len)` ranges mapped read-only from snapshots and base images at
+    /// start-up: a VMM maps them read-only for its vCPUs too (`KVM_MEM_READONLY`), so a
+    /// guest write there reaches [`WriteFaultHandle::guest_write`] on every KVM flavour.
+    /// Pages copied up later stay inside these ranges; their writes keep exiting.
+    pub fn lower_layer_ranges(&self) -> &[(u64, u64)] {
+        &self.lower_ranges
     }
     /// A handle for the VMM's vCPU write-fault exit path.
     pub fn write_fault_handle(&self) -> WriteFaultHandle {

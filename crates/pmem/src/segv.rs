@@ -1,9 +1,12 @@
 //! Write faults of host threads on read-only (lower-layer) file pages arrive as SIGSEGV.
 //!
 //! The handler does no work itself: it sends the faulting address through a pipe to the
-//! region's fault-service thread and sleeps on a futex until the page has been copied up and
-//! remapped writable, then returns so the instruction is retried. Only async-signal-safe calls
-//! (`write`, `futex`, `sigaction`) are made in signal context. Faults outside every region are
+//! region's fault-service thread and waits until the page has been copied up and remapped
+//! writable, then returns so the instruction is retried. It first polls the completion word
+//! for a while (`MapOptions::spin`), yielding the CPU (the service usually answers within that, and a
+//! polling waiter needs no futex wake-up), then sleeps on a futex. Only async-signal-safe
+//! calls (`write`, `sched_yield`, `clock_gettime`, `futex`, `sigaction`) are made in signal
+//! context. Faults outside every region are
 //! passed to the previous handler (Rust's stack-overflow handler, or the default action).
 
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
@@ -18,6 +21,8 @@ struct Slot {
     base: AtomicU64,
     end: AtomicU64,
     fd: AtomicI32,
+    /// How long the handler polls for completion before sleeping on the futex.
+    poll_ns: AtomicU64,
 }
 
 #[allow(clippy::declare_interior_mutable_const)]
@@ -25,6 +30,7 @@ const EMPTY: Slot = Slot {
     base: AtomicU64::new(0),
     end: AtomicU64::new(0),
     fd: AtomicI32::new(-1),
+    poll_ns: AtomicU64::new(0),
 };
 static SLOTS: [Slot; MAX_REGIONS] = [EMPTY; MAX_REGIONS];
 static INSTALL: Mutex<bool> = Mutex::new(false);
@@ -42,9 +48,23 @@ pub(crate) struct Request {
 pub(crate) const DONE_OK: u32 = 1;
 /// The fault could not be served; the handler falls back to the previous action.
 pub(crate) const DONE_FAILED: u32 = 2;
+/// Still pending, and the handler sleeps on the futex (the completer must wake it).
+const PENDING_SLEEPING: u32 = 3;
 
-/// Registers `[base, base+len)` as served through pipe `fd`; returns the slot number.
-pub(crate) fn register(base: u64, len: u64, fd: i32) -> Result<usize> {
+/// CLOCK_MONOTONIC in ns (vDSO; async-signal-safe).
+fn now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime fills a timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Registers `[base, base+len)` as served through pipe `fd`, the handler polling for
+/// completion for `poll` before sleeping; returns the slot number.
+pub(crate) fn register(base: u64, len: u64, fd: i32, poll: std::time::Duration) -> Result<usize> {
     install()?;
     for (i, s) in SLOTS.iter().enumerate() {
         if s.fd
@@ -53,6 +73,10 @@ pub(crate) fn register(base: u64, len: u64, fd: i32) -> Result<usize> {
         {
             s.base.store(base, Ordering::Release);
             s.end.store(base + len, Ordering::Release);
+            s.poll_ns.store(
+                poll.as_nanos().min(u64::MAX as u128) as u64,
+                Ordering::Release,
+            );
             s.fd.store(fd, Ordering::Release);
             return Ok(i);
         }
@@ -68,15 +92,20 @@ pub(crate) fn unregister(i: usize) {
     s.fd.store(-1, Ordering::Release);
 }
 
-/// Completes a request: stores `value` into the waiter's futex word and wakes it.
+/// Completes a request: stores `value` into the waiter's futex word and wakes it if it
+/// sleeps on the futex (a polling waiter sees the value without a wake-up).
 ///
 /// # Safety
 /// `done` must be the address sent by a handler that is still waiting on it.
 pub(crate) unsafe fn complete(done: u64, value: u32) {
-    // SAFETY: the waiting handler keeps the word alive on its stack until it sees non-zero.
+    // SAFETY: the waiting handler keeps the word alive on its stack until it sees a final
+    // value; after the swap we only pass the address to FUTEX_WAKE (no access).
     let word = unsafe { &*(done as *const AtomicU32) };
-    word.store(value, Ordering::Release);
-    // SAFETY: FUTEX_WAKE on a valid aligned u32.
+    if word.swap(value, Ordering::AcqRel) != PENDING_SLEEPING {
+        return;
+    }
+    // SAFETY: FUTEX_WAKE on a valid aligned u32 (at worst a word the handler has left,
+    // which FUTEX_WAKE only uses as a key; a spuriously woken waiter re-checks its word).
     unsafe {
         libc::syscall(
             libc::SYS_futex,
@@ -138,21 +167,35 @@ extern "C" fn handler(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut li
         if n != std::mem::size_of::<Request>() as isize {
             break;
         }
+        let poll_ns = s.poll_ns.load(Ordering::Acquire);
+        let started = now_ns();
         loop {
             let v = done.load(Ordering::Acquire);
             if v == DONE_OK {
                 return;
             }
-            if v != 0 {
+            if v != 0 && v != PENDING_SLEEPING {
                 break;
             }
-            // SAFETY: FUTEX_WAIT on our own stack word, expecting 0.
+            if v == 0 && now_ns().saturating_sub(started) < poll_ns {
+                // SAFETY: sched_yield has no arguments and is async-signal-safe.
+                unsafe { libc::sched_yield() };
+                continue;
+            }
+            if v == 0
+                && done
+                    .compare_exchange(0, PENDING_SLEEPING, Ordering::AcqRel, Ordering::Acquire)
+                    .is_err()
+            {
+                continue; // completed meanwhile
+            }
+            // SAFETY: FUTEX_WAIT on our own stack word, expecting "pending, sleeping".
             unsafe {
                 libc::syscall(
                     libc::SYS_futex,
                     &done as *const AtomicU32 as *const u32,
                     libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
-                    0u32,
+                    PENDING_SLEEPING,
                     std::ptr::null::<libc::timespec>(),
                 );
             }
