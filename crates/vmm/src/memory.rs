@@ -25,8 +25,17 @@ pub enum Backing {
     External {
         /// Host virtual address of the mapping (page aligned).
         host_addr: u64,
+        /// Ranges `(offset, len)` of the region that KVM maps read-only, so that a guest
+        /// write there exits to the VMM as an MMIO write on every KVM flavour (the owner
+        /// serves it through [`crate::write_fault`]). Coalesced to at most
+        /// [`MAX_READONLY_RANGES`] when the region is created.
+        kvm_readonly: Vec<(u64, u64)>,
     },
 }
+
+/// Most read-only KVM slots one external region may use; beyond that, the nearest ranges
+/// are merged (writes in the gaps then exit to the VMM too: slower, still correct).
+pub const MAX_READONLY_RANGES: usize = 1024;
 
 /// One guest-physical region to create.
 #[derive(Debug)]
@@ -54,6 +63,88 @@ pub struct RegionInfo {
     pub host_addr: u64,
     /// What backs it.
     pub kind: RegionKind,
+    /// Sorted, disjoint `(offset, len)` ranges KVM maps read-only (external regions only).
+    pub kvm_readonly: Vec<(u64, u64)>,
+}
+
+/// One KVM memory slot: a piece of a region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotPiece {
+    /// Guest-physical start.
+    pub gpa: u64,
+    /// Size in bytes.
+    pub size: u64,
+    /// Host virtual address.
+    pub host_addr: u64,
+    /// Registered with `KVM_MEM_READONLY`.
+    pub readonly: bool,
+}
+
+impl RegionInfo {
+    /// The KVM slots that cover this region: one, or alternating writable and read-only
+    /// pieces around [`RegionInfo::kvm_readonly`].
+    pub fn slot_pieces(&self) -> Vec<SlotPiece> {
+        let mut pieces = Vec::with_capacity(2 * self.kvm_readonly.len() + 1);
+        let mut push = |from: u64, to: u64, readonly: bool| {
+            if to > from {
+                pieces.push(SlotPiece {
+                    gpa: self.gpa + from,
+                    size: to - from,
+                    host_addr: self.host_addr + from,
+                    readonly,
+                });
+            }
+        };
+        let mut cursor = 0;
+        for &(off, len) in &self.kvm_readonly {
+            push(cursor, off, false);
+            push(off, off + len, true);
+            cursor = off + len;
+        }
+        push(cursor, self.size, false);
+        pieces
+    }
+}
+
+/// Sorts and merges `ranges` (clipped to `size`, widened to whole pages), then merges the
+/// ranges separated by the smallest gaps until at most `max` remain.
+pub fn coalesce_ranges(mut ranges: Vec<(u64, u64)>, size: u64, max: usize) -> Vec<(u64, u64)> {
+    let mut spans: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
+    ranges.sort_unstable();
+    for (off, len) in ranges {
+        let start = (off / PAGE) * PAGE;
+        let end = off
+            .saturating_add(len)
+            .min(size)
+            .next_multiple_of(PAGE)
+            .min(size);
+        if end <= start {
+            continue;
+        }
+        match spans.last_mut() {
+            Some(last) if start <= last.1 => last.1 = last.1.max(end),
+            _ => spans.push((start, end)),
+        }
+    }
+    let max = max.max(1);
+    if spans.len() > max {
+        // Close the smallest gaps: gap i lies between spans i and i + 1.
+        let mut order: Vec<usize> = (0..spans.len() - 1).collect();
+        order.sort_unstable_by_key(|&i| (spans[i + 1].0 - spans[i].1, i));
+        let mut close = vec![false; spans.len() - 1];
+        for &i in &order[..spans.len() - max] {
+            close[i] = true;
+        }
+        let mut merged: Vec<(u64, u64)> = Vec::with_capacity(max);
+        for (i, span) in spans.iter().enumerate() {
+            match merged.last_mut() {
+                Some(last) if close[i - 1] => last.1 = span.1,
+                _ => merged.push(*span),
+            }
+        }
+        spans = merged;
+    }
+    spans.into_iter().map(|(s, e)| (s, e - s)).collect()
 }
 
 /// What backs a created region (the [`Backing`] without its resources).
@@ -165,10 +256,13 @@ impl GuestMemory {
         for spec in specs {
             let builder = MmapRegionBuilder::new(spec.size as usize)
                 .with_mmap_prot(libc::PROT_READ | libc::PROT_WRITE);
-            let kind = match &spec.backing {
-                Backing::Anonymous => RegionKind::Anonymous,
-                Backing::FilePrivate { .. } => RegionKind::FilePrivate,
-                Backing::External { .. } => RegionKind::External,
+            let (kind, kvm_readonly) = match &spec.backing {
+                Backing::Anonymous => (RegionKind::Anonymous, Vec::new()),
+                Backing::FilePrivate { .. } => (RegionKind::FilePrivate, Vec::new()),
+                Backing::External { kvm_readonly, .. } => (
+                    RegionKind::External,
+                    coalesce_ranges(kvm_readonly.clone(), spec.size, MAX_READONLY_RANGES),
+                ),
             };
             let builder = match &spec.backing {
                 Backing::Anonymous => builder
@@ -179,7 +273,7 @@ impl GuestMemory {
                 Backing::External { .. } => builder,
             };
             let mapping = match &spec.backing {
-                Backing::External { host_addr } => {
+                Backing::External { host_addr, .. } => {
                     // SAFETY: the owner of an External region guarantees that
                     // [host_addr, host_addr + size) is a live read-write mapping that
                     // outlives the VM (documented on `Backing::External`).
@@ -209,6 +303,7 @@ impl GuestMemory {
                 size: spec.size,
                 host_addr,
                 kind,
+                kvm_readonly,
             });
         }
         let mem = GuestMemoryMmap::from_regions(regions)
@@ -422,5 +517,63 @@ mod tests {
             }
         }
         assert!(!MergePolicy::All.covers(RegionKind::External));
+    }
+
+    #[test]
+    fn readonly_ranges_are_merged_to_a_budget_and_become_slot_pieces() {
+        const P: u64 = PAGE;
+        // Unsorted, overlapping, unaligned and out-of-range input.
+        let ranges = vec![
+            (10 * P, 2 * P),
+            (P + 5, P),
+            (11 * P, 3 * P),
+            (40 * P, 9 * P),
+        ];
+        assert_eq!(
+            coalesce_ranges(ranges.clone(), 44 * P, 8),
+            [(P, 2 * P), (10 * P, 4 * P), (40 * P, 4 * P)]
+        );
+        // Budget 2: the smallest gap (3P..10P = 7 pages) closes, the larger one stays.
+        assert_eq!(
+            coalesce_ranges(ranges.clone(), 44 * P, 2),
+            [(P, 13 * P), (40 * P, 4 * P)]
+        );
+        assert_eq!(coalesce_ranges(ranges, 44 * P, 1), [(P, 43 * P)]);
+        assert!(coalesce_ranges(vec![(50 * P, P)], 44 * P, 4).is_empty());
+
+        let region = RegionInfo {
+            name: "pmem0".into(),
+            gpa: 1 << 32,
+            size: 16 * P,
+            host_addr: 1 << 40,
+            kind: RegionKind::External,
+            kvm_readonly: vec![(0, 2 * P), (8 * P, 8 * P)],
+        };
+        let pieces: Vec<_> = region
+            .slot_pieces()
+            .iter()
+            .map(|p| {
+                (
+                    p.gpa - region.gpa,
+                    p.size,
+                    p.host_addr - region.host_addr,
+                    p.readonly,
+                )
+            })
+            .collect();
+        assert_eq!(
+            pieces,
+            [
+                (0, 2 * P, 0, true),
+                (2 * P, 6 * P, 2 * P, false),
+                (8 * P, 8 * P, 8 * P, true)
+            ]
+        );
+        let plain = RegionInfo {
+            kvm_readonly: Vec::new(),
+            ..region
+        };
+        assert_eq!(plain.slot_pieces().len(), 1);
+        assert!(!plain.slot_pieces()[0].readonly);
     }
 }

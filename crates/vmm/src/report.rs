@@ -167,6 +167,7 @@ Private_Dirty:         0 kB
             size: size as u64,
             host_addr: ptr as u64,
             kind: crate::memory::RegionKind::Anonymous,
+            kvm_readonly: Vec::new(),
         };
         let report = memory_report(&[region]).unwrap();
         assert_eq!(report.guest.rss_kib, 2048);

@@ -52,6 +52,10 @@ pub struct ExternalRegion {
     pub host_addr: u64,
     /// Size in bytes (page aligned).
     pub size: u64,
+    /// Ranges `(offset, len)` that KVM must map read-only (e.g. pmem clusters of snapshots
+    /// and base images): guest writes there reach the VMM as MMIO writes, which the
+    /// region's [`crate::write_fault`] handler serves.
+    pub kvm_readonly: Vec<(u64, u64)>,
 }
 
 /// Alignment of external regions in guest-physical space.
@@ -318,6 +322,7 @@ pub fn run_vm(config: VmConfig) -> Result<RunOutcome, VmmError> {
             size: *size,
             backing: Backing::External {
                 host_addr: region.host_addr,
+                kvm_readonly: region.kvm_readonly.clone(),
             },
         });
     }

@@ -9,7 +9,8 @@ use serde_json::{json, Map, Value};
 use std::time::{Duration, Instant};
 
 /// The kernel command line used when `--cmdline` is not given.
-pub const DEFAULT_CMDLINE: &str = "console=ttyS0 reboot=acpi panic=-1";
+/// (`pci=off`: densevm has no PCI bus, so the kernel need not probe for one.)
+pub const DEFAULT_CMDLINE: &str = "console=ttyS0 reboot=acpi panic=-1 pci=off";
 
 /// The script `--probe` runs when given no script: an idle guest that exits at once.
 pub const DEFAULT_PROBE_SCRIPT: &str = "exit 0";
@@ -36,7 +37,7 @@ pub struct RunArgs {
     /// Initrd for --kernel, mapped from its file.
     #[arg(long, value_name = "FILE")]
     pub initrd: Option<std::path::PathBuf>,
-    /// Kernel command line for --kernel [default: console=ttyS0 reboot=acpi panic=-1].
+    /// Kernel command line for --kernel [default: console=ttyS0 reboot=acpi panic=-1 pci=off].
     #[arg(long)]
     pub cmdline: Option<String>,
     /// Print the boot trace points as a table (on stderr) when the VM ends.
@@ -278,6 +279,7 @@ impl PmemRegions {
                 name: format!("pmem{i}"),
                 host_addr: r.host_addr(),
                 size: r.size(),
+                kvm_readonly: r.lower_layer_ranges().to_vec(),
             })
             .collect()
     }

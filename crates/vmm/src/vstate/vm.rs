@@ -1,8 +1,10 @@
 //! The KVM VM: creation, memory slots, and the optional in-kernel irqchip and PIT.
 
-use crate::memory::GuestMemory;
-use kvm_bindings::{kvm_pit_config, kvm_userspace_memory_region, KVM_PIT_SPEAKER_DUMMY};
-use kvm_ioctls::{Kvm, VmFd};
+use crate::memory::{GuestMemory, SlotPiece};
+use kvm_bindings::{
+    kvm_pit_config, kvm_userspace_memory_region, KVM_MEM_READONLY, KVM_PIT_SPEAKER_DUMMY,
+};
+use kvm_ioctls::{Cap, Kvm, VmFd};
 use thiserror::Error;
 
 /// Address of the TSS KVM needs below 4 GiB (three pages), clear of guest RAM.
@@ -25,6 +27,17 @@ pub enum VmError {
         what: &'static str,
         /// The ioctl error.
         source: kvm_ioctls::Error,
+    },
+    /// The host's KVM cannot map memory read-only for the guest.
+    #[error("this host's KVM lacks KVM_CAP_READONLY_MEM, which copy-on-write of --pmem snapshots and base images needs; flatten the image (`densevm image convert`) or use a newer kernel")]
+    NoReadonlyMem,
+    /// More memory slots than KVM allows.
+    #[error("guest memory needs {needed} KVM memory slots but this host allows {limit}; use fewer --pmem images or compact them (`densevm image compact`)")]
+    TooManySlots {
+        /// Slots needed.
+        needed: usize,
+        /// KVM_CAP_NR_MEMSLOTS.
+        limit: usize,
     },
 }
 
@@ -76,15 +89,31 @@ impl Vm {
         self.irqchip
     }
 
-    /// Registers every guest memory region as a KVM memory slot.
+    /// Registers every guest memory region as KVM memory slots (one per region, or
+    /// several where an external region asks for read-only ranges).
     pub fn register_memory(&self, memory: &GuestMemory) -> Result<(), VmError> {
-        for (slot, region) in memory.regions().iter().enumerate() {
+        let pieces: Vec<SlotPiece> = memory
+            .regions()
+            .iter()
+            .flat_map(|r| r.slot_pieces())
+            .collect();
+        if pieces.iter().any(|p| p.readonly) && !self.kvm.check_extension(Cap::ReadonlyMem) {
+            return Err(VmError::NoReadonlyMem);
+        }
+        let limit = self.kvm.get_nr_memslots();
+        if pieces.len() > limit {
+            return Err(VmError::TooManySlots {
+                needed: pieces.len(),
+                limit,
+            });
+        }
+        for (slot, piece) in pieces.iter().enumerate() {
             let mem_region = kvm_userspace_memory_region {
                 slot: slot as u32,
-                flags: 0,
-                guest_phys_addr: region.gpa,
-                memory_size: region.size,
-                userspace_addr: region.host_addr,
+                flags: if piece.readonly { KVM_MEM_READONLY } else { 0 },
+                guest_phys_addr: piece.gpa,
+                memory_size: piece.size,
+                userspace_addr: piece.host_addr,
             };
             // SAFETY: the host range belongs to a live mapping owned by `memory`, which the
             // caller keeps alive for as long as the VM exists.
