@@ -161,7 +161,13 @@ impl VcpuShared {
 pub struct Vcpu {
     id: u32,
     fd: VcpuFd,
+    /// The last memory-fault gpa a write-fault handler served, and how many times in a row.
+    repeated_fault: (u64, u32),
 }
+
+/// A memory fault served this many times in a row at one address means the handler is not
+/// making progress; the vCPU fails instead of spinning.
+const MAX_REPEATED_FAULTS: u32 = 64;
 
 enum Step {
     Continue,
@@ -171,7 +177,11 @@ enum Step {
 impl Vcpu {
     /// Wraps a configured vCPU.
     pub fn new(id: u32, fd: VcpuFd) -> Self {
-        Self { id, fd }
+        Self {
+            id,
+            fd,
+            repeated_fault: (u64::MAX, 0),
+        }
     }
 
     /// Runs until the VM stops; reports through `events`. Call on the vCPU's own thread.
@@ -291,6 +301,12 @@ impl Vcpu {
             }
             // pmem: the same write on hardware KVM; the guest retries it after the copy-up.
             VcpuExit::MemoryFault { gpa, .. } if crate::write_fault::handle(gpa, None) => {
+                let (last, count) = self.repeated_fault;
+                let count = if last == gpa { count + 1 } else { 1 };
+                self.repeated_fault = (gpa, count);
+                if count > MAX_REPEATED_FAULTS {
+                    return self.fail(events, VcpuFailure::MemoryFault { gpa: Some(gpa) });
+                }
                 Step::Continue
             }
             VcpuExit::MemoryFault { gpa, .. } => {
