@@ -24,8 +24,11 @@ pub struct MapOptions {
     pub whole_cluster_units: u32,
     /// Clusters the background thread keeps pre-allocated at the end of the top file.
     pub pool_clusters: u64,
-    /// Keep the next few pool clusters mapped and pre-faulted (up to 4 MiB / 64 clusters),
-    /// so an expansion moves one into place instead of mapping and faulting it.
+    /// Keep the next few pool clusters mapped and pre-faulted outside the region (up to
+    /// 4 MiB / 64 clusters), so an expansion moves one into place with `mremap` instead of
+    /// mapping it and pre-faulting the written page. Off by default: measured here, the
+    /// `mremap` of a populated cluster costs as much as the `mmap` + page pre-fault it saves
+    /// (docs/benchmarks.md `## pmem`); it pays where the first write to a file page is slow.
     pub staging: bool,
     /// Both ends of a fault round trip poll instead of sleeping for up to this long: the
     /// service thread after serving a fault keeps reading for the next one (a burst skips
@@ -41,7 +44,7 @@ impl Default for MapOptions {
             size: None,
             whole_cluster_units: 1,
             pool_clusters: 256,
-            staging: true,
+            staging: false,
             spin: Duration::from_micros(50),
         }
     }

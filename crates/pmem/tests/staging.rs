@@ -1,4 +1,5 @@
-//! The pre-mapped (staged) expansion pool: expansions served by moving staged clusters keep
+//! The pre-mapped (staged) expansion pool (`MapOptions::staging`): expansions served by
+//! moving staged clusters keep
 //! their data across drop and reopen, keep the mapping coalesced, and leave no staging
 //! mapping behind (needs userfaultfd: run as root or with access to /dev/userfaultfd).
 
@@ -27,7 +28,11 @@ fn map(path: &Path) -> PmemRegion {
         },
     )
     .unwrap();
-    PmemRegion::map(SharedChain::new(chain), MapOptions::default())
+    let opts = MapOptions {
+        staging: true,
+        ..MapOptions::default()
+    };
+    PmemRegion::map(SharedChain::new(chain), opts)
         .expect("mapping needs userfaultfd (root or /dev/userfaultfd access)")
 }
 
