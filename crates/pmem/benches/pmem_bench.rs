@@ -426,9 +426,10 @@ fn main() {
         "expansion, burst (back to back)",
         us(e.burst),
         &format!(
-            "{} clusters, {} faults picked up by the polling service thread; {} of the fallocated MAP_SHARED peer; staged pool {}; without polling (both ends sleep) {} ({})",
+            "{} clusters; {} of all {} uffd faults were picked up by the polling service thread; {} of the fallocated MAP_SHARED peer; staged pool {}; without polling (both ends sleep) {} ({})",
             n_exp / 2 - 32,
             e.stats.spin_hits,
+            e.stats.uffd_write_faults,
             ratio(e.burst, plain),
             us(staged.burst),
             us(old.burst),

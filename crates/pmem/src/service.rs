@@ -261,7 +261,8 @@ fn zero_fill(inner: &Inner, mut slot: u64, count: u64) -> crate::Result<u64> {
         let c = inner.chain.read();
         let img = &c.images()[0];
         let geo = img.geometry();
-        for _ in 0..8 {
+        // Two clusters per hold of the fault lock: a fault waits at most two `pwrite`s.
+        for _ in 0..2 {
             if slot >= end || geo.data_offset(slot) + inner.cluster > file_len {
                 return Ok(slot);
             }
