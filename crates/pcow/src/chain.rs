@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crate::error::{PcowError, Result};
 use crate::format::{EntryKind, Geometry, UNIT_SIZE};
-use crate::image::Image;
+use crate::image::{is_live, Image};
 use crate::map::ClusterMap;
 use crate::storage::{FileStorage, Storage};
 
@@ -242,37 +242,34 @@ impl Chain {
                 });
             }
         }
+        // Map sizes from the per-epoch entry counts kept by each image (no counting pass).
         let mut counts = vec![0u64; layers.len()];
         for (i, img) in self.images.iter().enumerate() {
-            let mut cache = EpochCache::default();
-            for m in &img.slots {
-                if matches!(m.kind, EntryKind::Data | EntryKind::Zero) {
-                    if let Some(l) = cache.get(&epoch_layer[i], m.epoch) {
-                        counts[l] += 1;
-                    }
+            for (epoch, &n) in &img.live_counts {
+                if let Some(&l) = epoch_layer[i].get(epoch) {
+                    counts[l] += n;
                 }
             }
         }
         for (l, layer) in layers.iter_mut().enumerate() {
-            layer.index = ClusterMap::with_expected(vclusters, counts[l]);
+            layer.index = ClusterMap::with_expected_narrow(vclusters, counts[l]);
         }
         let mut merged = ClusterMap::with_expected(vclusters, counts.iter().sum());
         for (i, img) in self.images.iter().enumerate() {
             let mut cache = EpochCache::default();
             for (slot, m) in img.slots.iter().enumerate() {
-                if !matches!(m.kind, EntryKind::Data | EntryKind::Zero) || m.logical >= vclusters {
+                if !is_live(m.kind) || m.logical >= vclusters {
                     continue;
                 }
                 let Some(l) = cache.get(&epoch_layer[i], m.epoch) else {
                     continue;
                 };
-                if layers[l].index.get(m.logical).is_some() {
-                    continue; // duplicate (interrupted compaction): the lower slot wins
-                }
-                layers[l].index.insert(m.logical, slot as u64);
-                match merged.get(m.logical) {
-                    Some(v) if unpack(v).0 > l => {}
-                    _ => merged.insert(m.logical, pack(l, slot as u64)),
+                // A duplicate (interrupted compaction) keeps the lower slot.
+                if layers[l]
+                    .index
+                    .insert_unless(m.logical, slot as u64, |_| true)
+                {
+                    merged.insert_unless(m.logical, pack(l, slot as u64), |v| unpack(v).0 > l);
                 }
             }
         }

@@ -48,14 +48,19 @@ pub fn checksum(bytes: &[u8]) -> u32 {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "sse4.2")]
 unsafe fn crc32c_small_sse42(data: &[u8]) -> u32 {
-    use std::arch::x86_64::{_mm_crc32_u64, _mm_crc32_u8};
+    use std::arch::x86_64::{_mm_crc32_u32, _mm_crc32_u64, _mm_crc32_u8};
     let mut crc: u64 = 0xffff_ffff;
     let mut chunks = data.chunks_exact(8);
     for c in &mut chunks {
         crc = _mm_crc32_u64(crc, u64::from_le_bytes(c.try_into().expect("8 bytes")));
     }
     let mut crc = crc as u32;
-    for &b in chunks.remainder() {
+    let mut rest = chunks.remainder();
+    if let Some((w, tail)) = rest.split_first_chunk::<4>() {
+        crc = _mm_crc32_u32(crc, u32::from_le_bytes(*w));
+        rest = tail;
+    }
+    for &b in rest {
         crc = _mm_crc32_u8(crc, b);
     }
     !crc
@@ -447,23 +452,50 @@ pub fn decode_raw(b: &[u8], full: &[u64]) -> RawSlot {
 /// Parses a copy whose checksum was already verified (see [`copy_state`]).
 #[inline]
 pub fn parse_checked(b: &[u8], full: &[u64]) -> RawSlot {
-    let Some(kind) = EntryKind::from_code(b[12]) else {
-        return RawSlot::Torn;
-    };
     let mut bitmap = [0u64; 8];
-    for (i, f) in full.iter().enumerate() {
+    match parse_checked_into(b, full, &mut bitmap[..full.len()]) {
+        Some(h) => RawSlot::Valid(RawEntry {
+            logical: h.logical,
+            epoch: h.epoch,
+            kind: h.kind,
+            seq: h.seq,
+            bitmap,
+        }),
+        None => RawSlot::Torn,
+    }
+}
+
+/// The fixed fields of an entry copy (its bitmap is written separately).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EntryFields {
+    /// Logical cluster number (or snapshot flags).
+    pub logical: u64,
+    /// Owning epoch.
+    pub epoch: u32,
+    /// Entry kind.
+    pub kind: EntryKind,
+    /// Update sequence number.
+    pub seq: u32,
+}
+
+/// Like [`parse_checked`] (same checks: known kind, no bitmap bit beyond the cluster), but
+/// writes the bitmap into `bitmap` (`full.len()` words) instead of returning a copy; `None`
+/// for a damaged copy (`bitmap` may then be partly written).
+#[inline]
+pub fn parse_checked_into(b: &[u8], full: &[u64], bitmap: &mut [u64]) -> Option<EntryFields> {
+    let kind = EntryKind::from_code(b[12])?;
+    for (i, (f, out)) in full.iter().zip(bitmap.iter_mut()).enumerate() {
         let w = get_u64(b, BITMAP_OFFSET + 8 * i);
         if w & !f != 0 {
-            return RawSlot::Torn;
+            return None;
         }
-        bitmap[i] = w;
+        *out = w;
     }
-    RawSlot::Valid(RawEntry {
+    Some(EntryFields {
         logical: get_u64(b, 0),
         epoch: get_u32(b, 8),
         kind,
         seq: get_u32(b, 16),
-        bitmap,
     })
 }
 

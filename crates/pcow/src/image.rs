@@ -2,12 +2,13 @@
 //! allocation and crash-ordered entry updates. Chains of files are in `chain.rs`.
 
 use std::collections::{BTreeSet, HashMap};
+use std::mem::MaybeUninit;
 use std::path::Path;
 use std::sync::Arc;
 
 use crate::error::{PcowError, Result};
 use crate::format::{
-    copy_seq, copy_state, parse_checked, seq_newer, Entry, EntryKind, Geometry, Header, RawSlot,
+    copy_seq, copy_state, parse_checked_into, seq_newer, Entry, EntryKind, Geometry, Header,
     SnapshotRecord, HEADER_SLOT_SIZE, MAX_SLOTS, SNAPSHOT_RECORD_SIZE,
 };
 use crate::storage::Storage;
@@ -72,6 +73,9 @@ pub struct Image {
     pub(crate) problems: Vec<Problem>,
     /// Slots whose entry is unusable (both copies corrupt); never reused before repair.
     pub(crate) bad_slots: BTreeSet<u64>,
+    /// Number of `Data`/`Zero` entries per epoch (kept exact by `write_entry`; sizes the
+    /// per-layer maps without a counting pass over the slots).
+    pub(crate) live_counts: HashMap<u32, u64>,
 }
 
 const EMPTY_SLOT: SlotMeta = SlotMeta {
@@ -133,6 +137,7 @@ impl Image {
             snapshots: HashMap::new(),
             problems: Vec::new(),
             bad_slots: BTreeSet::new(),
+            live_counts: HashMap::new(),
         };
         if let Some(e) = stale_header {
             img.problems.push(Problem {
@@ -154,6 +159,7 @@ impl Image {
             return Err(self.inconsistent(format!("file length {len} implies too many slots")));
         }
         let words = geo.bitmap_words();
+        // Zeroed by the allocator (calloc): bitmap pages of empty slots are never touched.
         self.bitmaps = vec![0u64; nslots as usize * words];
         let vclusters = self.virtual_clusters();
         let full = geo.full_bitmap();
@@ -163,16 +169,16 @@ impl Image {
         let chunks = if segments >= 64 { threads } else { 1 };
         let per = segments.div_ceil(chunks.max(1)).max(1);
         let storage = self.storage.clone();
-        self.slots = vec![EMPTY_SLOT; nslots as usize];
-        let per_slots = (per * geo.entries_per_meta) as usize;
+        // Every element is written exactly once by the scan threads (no prior fill pass).
+        let mut slots: Vec<SlotMeta> = Vec::with_capacity(nslots as usize);
         let parts: Vec<Result<ScanPart>> = std::thread::scope(|sc| {
             let mut handles = Vec::new();
-            let mut slot_rest: &mut [SlotMeta] = &mut self.slots;
+            let mut slot_rest = &mut slots.spare_capacity_mut()[..nslots as usize];
             let mut bm_rest: &mut [u64] = &mut self.bitmaps;
             for c in 0..chunks {
                 let segs = (c * per).min(segments)..((c + 1) * per).min(segments);
                 let n = ((segs.end - segs.start) * geo.entries_per_meta) as usize;
-                let (sl, sr) = std::mem::take(&mut slot_rest).split_at_mut(n.min(per_slots));
+                let (sl, sr) = std::mem::take(&mut slot_rest).split_at_mut(n);
                 let (bl, br) = std::mem::take(&mut bm_rest).split_at_mut(n * words);
                 slot_rest = sr;
                 bm_rest = br;
@@ -190,10 +196,26 @@ impl Image {
                 })
                 .collect()
         });
+        let mut free = Vec::new();
+        let mut snapshot_slots = Vec::new();
+        let mut parts_ok = Vec::with_capacity(parts.len());
         for part in parts {
-            let part = part?;
+            parts_ok.push(part?);
+        }
+        // SAFETY: the chunks handed to the threads partition `0..nslots` (segment ranges
+        // `c*per..(c+1)*per` clamped to `segments`, `entries_per_meta` slots each), and a
+        // `scan_part` that returned Ok has written every element of its chunk (it counts its
+        // writes and returns an error otherwise; errors return before we get here).
+        unsafe { slots.set_len(nslots as usize) };
+        self.slots = slots;
+        for part in parts_ok {
             self.problems.extend(part.problems);
             self.bad_slots.extend(part.bad_slots);
+            free.extend(part.free);
+            snapshot_slots.extend(part.snapshots);
+            for (epoch, n) in part.epoch_counts {
+                *self.live_counts.entry(epoch).or_insert(0) += n;
+            }
         }
         // Slots whose data starts at or beyond the end are known zero: the tail.
         let mut tail = nslots;
@@ -205,21 +227,17 @@ impl Image {
             tail -= 1;
         }
         self.tail = tail;
-        for s in 0..tail {
-            if self.slots[s as usize].kind == EntryKind::Free && !self.bad_slots.contains(&s) {
-                self.free.insert(s);
-            }
-        }
-        self.load_snapshots()
+        // `free` is ascending (parts are in slot order): a sorted bulk build.
+        self.free = free.into_iter().filter(|&s| s < tail).collect();
+        self.load_snapshots(&snapshot_slots)
     }
 
-    fn load_snapshots(&mut self) -> Result<()> {
+    /// Loads the snapshot records of `snapshot_slots` (the slots holding `Snapshot`
+    /// entries, ascending).
+    fn load_snapshots(&mut self, snapshot_slots: &[u64]) -> Result<()> {
         let mut buf = vec![0u8; SNAPSHOT_RECORD_SIZE];
-        for slot in 0..self.slots.len() as u64 {
+        for &slot in snapshot_slots {
             let m = self.slots[slot as usize];
-            if m.kind != EntryKind::Snapshot {
-                continue;
-            }
             if m.epoch == self.header.current_epoch {
                 self.problems.push(Problem {
                     corruption: false,
@@ -340,6 +358,17 @@ impl Image {
                 .extend(std::iter::repeat_n(0, self.geo.bitmap_words()));
         }
         let old = self.slots[slot as usize];
+        if is_live(old.kind) {
+            if let Some(n) = self.live_counts.get_mut(&old.epoch) {
+                *n -= 1;
+                if *n == 0 {
+                    self.live_counts.remove(&old.epoch);
+                }
+            }
+        }
+        if is_live(kind) {
+            *self.live_counts.entry(epoch).or_insert(0) += 1;
+        }
         let entry = Entry {
             logical,
             epoch,
@@ -473,58 +502,75 @@ impl Image {
     }
 }
 
+/// True for entry kinds that map a logical cluster (`Data`, `Zero`).
+#[inline]
+pub(crate) fn is_live(kind: EntryKind) -> bool {
+    matches!(kind, EntryKind::Data | EntryKind::Zero)
+}
+
 /// Entries decoded from a range of segments (scanned in parallel at open).
 #[derive(Default)]
 struct ScanPart {
     problems: Vec<Problem>,
     bad_slots: BTreeSet<u64>,
+    /// Slots left `Free` (and not bad), ascending.
+    free: Vec<u64>,
+    /// Slots holding `Snapshot` entries, ascending.
+    snapshots: Vec<u64>,
+    /// Runs of (epoch, number of `Data`/`Zero` entries).
+    epoch_counts: Vec<(u32, u64)>,
 }
 
+impl ScanPart {
+    fn corrupt(&mut self, slot: u64, what: String) -> SlotMeta {
+        self.problems.push(Problem {
+            corruption: true,
+            slot: Some(slot),
+            what,
+        });
+        self.bad_slots.insert(slot);
+        EMPTY_SLOT
+    }
+}
+
+/// Decodes the entries of segments `segs` into `slots` (one value written per slot, every
+/// slot of the range) and their bitmaps into `bitmaps` (left zero for slots without one).
 fn scan_part(
     storage: &dyn Storage,
     geo: Geometry,
     segs: std::ops::Range<u64>,
     vclusters: u64,
     full: &[u64],
-    slots: &mut [SlotMeta],
+    slots: &mut [MaybeUninit<SlotMeta>],
     bitmaps: &mut [u64],
 ) -> Result<ScanPart> {
     let words = geo.bitmap_words();
-    let first_slot = segs.start * geo.entries_per_meta;
+    let epm = geo.entries_per_meta as usize;
     let mut part = ScanPart::default();
+    let mut written = 0usize;
     let slot_size = geo.slot_size as usize;
+    let pair_size = 2 * slot_size;
     let mut meta = vec![0u8; geo.cluster_size() as usize];
-    for seg in segs.clone() {
+    let mut run: Option<(u32, u64)> = None;
+    let segments = slots
+        .chunks_exact_mut(epm)
+        .zip(bitmaps.chunks_exact_mut(epm * words));
+    for (seg, (seg_slots, seg_bitmaps)) in segs.zip(segments) {
         storage.read_at(&mut meta, geo.meta_offset(seg))?;
-        for j in 0..geo.entries_per_meta as usize {
+        let entries = meta.chunks_exact(pair_size).zip(seg_slots.iter_mut());
+        for (j, (pair, out)) in entries.enumerate() {
             let slot = seg * geo.entries_per_meta + j as u64;
-            let pair = &meta[j * 2 * slot_size..(j + 1) * 2 * slot_size];
-            let (c0, c1) = (&pair[..slot_size], &pair[slot_size..]);
-            let (v0, v1) = (copy_state(c0), copy_state(c1));
-            let pick = match (v0, v1) {
-                (2, 2) => {
-                    if seq_newer(copy_seq(c1), copy_seq(c0)) {
-                        Some(1u8)
-                    } else {
-                        Some(0)
-                    }
-                }
-                (2, _) => Some(0),
-                (_, 2) => Some(1),
-                (0, 0) => None,
-                (1, 1) => {
-                    part.problems.push(Problem {
-                        corruption: true,
-                        slot: Some(slot),
-                        what: format!(
-                            "entry at offset {} has no valid copy",
-                            geo.entry_offset(slot)
-                        ),
-                    });
-                    part.bad_slots.insert(slot);
-                    None
-                }
-                (t0, _) => {
+            let (c0, c1) = pair.split_at(slot_size);
+            let m = match (copy_state(c0), copy_state(c1)) {
+                (0, 0) => EMPTY_SLOT,
+                (1, 1) => part.corrupt(
+                    slot,
+                    format!(
+                        "entry at offset {} has no valid copy",
+                        geo.entry_offset(slot)
+                    ),
+                ),
+                (v0, v1) if v0 != 2 && v1 != 2 => {
                     // One torn copy and one never-written copy: an interrupted first write.
                     part.problems.push(Problem {
                         corruption: false,
@@ -532,57 +578,77 @@ fn scan_part(
                         what: "interrupted first write of an entry".into(),
                     });
                     let mut m = EMPTY_SLOT;
-                    m.active = if t0 == 1 { 1 } else { 0 };
-                    slots[(slot - first_slot) as usize] = m;
-                    continue;
+                    m.active = if v0 == 1 { 1 } else { 0 };
+                    m
+                }
+                (v0, v1) => {
+                    let active = if v0 == 2 && (v1 != 2 || !seq_newer(copy_seq(c1), copy_seq(c0))) {
+                        0u8
+                    } else {
+                        1
+                    };
+                    let chosen = if active == 0 { c0 } else { c1 };
+                    // A checksum-valid copy with an unknown kind or bitmap bits beyond the
+                    // cluster is treated as damaged.
+                    let at = j * words;
+                    match parse_checked_into(chosen, full, &mut seg_bitmaps[at..at + words]) {
+                        Some(e) if is_live(e.kind) && e.logical >= vclusters => {
+                            seg_bitmaps[at..at + words].fill(0);
+                            part.corrupt(
+                                slot,
+                                format!(
+                                    "entry maps logical cluster {} beyond the virtual size",
+                                    e.logical
+                                ),
+                            )
+                        }
+                        Some(e) => {
+                            if is_live(e.kind) {
+                                match &mut run {
+                                    Some((ep, n)) if *ep == e.epoch => *n += 1,
+                                    _ => {
+                                        part.epoch_counts.extend(run.take());
+                                        run = Some((e.epoch, 1));
+                                    }
+                                }
+                            } else if e.kind == EntryKind::Snapshot {
+                                part.snapshots.push(slot);
+                            }
+                            SlotMeta {
+                                logical: e.logical,
+                                epoch: e.epoch,
+                                kind: e.kind,
+                                seq: e.seq,
+                                active,
+                            }
+                        }
+                        None => {
+                            seg_bitmaps[at..at + words].fill(0);
+                            part.corrupt(
+                                slot,
+                                format!(
+                                    "entry at offset {} has invalid fields",
+                                    geo.entry_offset(slot)
+                                ),
+                            )
+                        }
+                    }
                 }
             };
-            let Some(active) = pick else {
-                slots[(slot - first_slot) as usize] = EMPTY_SLOT;
-                continue;
-            };
-            let chosen = if active == 0 { c0 } else { c1 };
-            // A checksum-valid copy with an unknown kind or bitmap bits beyond the
-            // cluster is treated as damaged.
-            let e = match parse_checked(chosen, full) {
-                RawSlot::Valid(e) => e,
-                _ => {
-                    part.problems.push(Problem {
-                        corruption: true,
-                        slot: Some(slot),
-                        what: format!(
-                            "entry at offset {} has invalid fields",
-                            geo.entry_offset(slot)
-                        ),
-                    });
-                    part.bad_slots.insert(slot);
-                    slots[(slot - first_slot) as usize] = EMPTY_SLOT;
-                    continue;
-                }
-            };
-            if matches!(e.kind, EntryKind::Data | EntryKind::Zero) && e.logical >= vclusters {
-                part.problems.push(Problem {
-                    corruption: true,
-                    slot: Some(slot),
-                    what: format!(
-                        "entry maps logical cluster {} beyond the virtual size",
-                        e.logical
-                    ),
-                });
-                part.bad_slots.insert(slot);
-                slots[(slot - first_slot) as usize] = EMPTY_SLOT;
-                continue;
+            if m.kind == EntryKind::Free && part.bad_slots.last() != Some(&slot) {
+                part.free.push(slot);
             }
-            let at = (slot - first_slot) as usize * words;
-            bitmaps[at..at + words].copy_from_slice(&e.bitmap[..words]);
-            slots[(slot - first_slot) as usize] = SlotMeta {
-                logical: e.logical,
-                epoch: e.epoch,
-                kind: e.kind,
-                seq: e.seq,
-                active,
-            };
+            out.write(m);
+            written += 1;
         }
+    }
+    part.epoch_counts.extend(run);
+    if written != slots.len() {
+        // Unreachable by construction; the caller relies on every slot being written.
+        return Err(PcowError::InvalidParameter(format!(
+            "scan wrote {written} of {} slots",
+            slots.len()
+        )));
     }
     Ok(part)
 }
