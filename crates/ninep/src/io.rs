@@ -288,11 +288,18 @@ impl Session {
         Ok(fl)
     }
 
-    fn lock_fd(f: &Fid) -> Result<Arc<std::os::fd::OwnedFd>, Errno> {
-        match &f.kind {
-            FidKind::File { fd } => Ok(fd.clone()),
-            _ => Err(Errno(libc::EBADF)),
-        }
+    /// The open file of `fid` and the `struct flock` for a lock request on it.
+    fn lock_target(
+        &self,
+        fid: u32,
+        args: &LockArgs<'_>,
+    ) -> Result<(Arc<std::os::fd::OwnedFd>, libc::flock64), Errno> {
+        let f = self.fid(fid)?;
+        let fd = match &f.kind {
+            FidKind::File { fd } => fd.clone(),
+            _ => return Err(Errno(libc::EBADF)),
+        };
+        Ok((fd, Self::flock(args)?))
     }
 
     pub(crate) fn lock(
@@ -302,9 +309,7 @@ impl Session {
         args: &LockArgs<'_>,
         out: &mut Vec<u8>,
     ) -> OpResult {
-        let f = self.fid(fid)?;
-        let fd = Self::lock_fd(&f)?;
-        let mut fl = Self::flock(args)?;
+        let (fd, mut fl) = self.lock_target(fid, args)?;
         // OFD locks belong to the open file description, i.e. to this fid.
         let status: u8 = match sys::ofd_lock(fd.as_fd(), libc::F_OFD_SETLK, &mut fl) {
             Ok(()) => 0,
@@ -322,9 +327,7 @@ impl Session {
         args: &LockArgs<'_>,
         out: &mut Vec<u8>,
     ) -> OpResult {
-        let f = self.fid(fid)?;
-        let fd = Self::lock_fd(&f)?;
-        let mut fl = Self::flock(args)?;
+        let (fd, mut fl) = self.lock_target(fid, args)?;
         sys::ofd_lock(fd.as_fd(), libc::F_OFD_GETLK, &mut fl)?;
         let (ltype, start, len) = if fl.l_type == libc::F_UNLCK as i16 {
             (2u8, args.start, args.length)

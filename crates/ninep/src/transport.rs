@@ -395,9 +395,25 @@ impl Listener {
     }
 }
 
-/// Serves one unix stream connection to completion.
-pub fn serve_unix_stream(server: &Arc<Server>, s: UnixStream, opts: DriverOptions) {
-    let result = s.try_clone().and_then(|w| {
+/// A connected byte stream that can be cloned into a reader half and a writer half.
+trait DuplexStream: Read + Write + Send + Sized + 'static {
+    fn clone_stream(&self) -> io::Result<Self>;
+}
+
+impl DuplexStream for UnixStream {
+    fn clone_stream(&self) -> io::Result<Self> {
+        self.try_clone()
+    }
+}
+
+impl DuplexStream for TcpStream {
+    fn clone_stream(&self) -> io::Result<Self> {
+        self.try_clone()
+    }
+}
+
+fn serve_duplex<S: DuplexStream>(server: &Arc<Server>, s: S, opts: DriverOptions) {
+    let result = s.clone_stream().and_then(|w| {
         let writer: Arc<dyn FrameWriter> = Arc::new(StreamWriter(Mutex::new(w)));
         serve_connection(
             Arc::new(server.session()),
@@ -411,19 +427,13 @@ pub fn serve_unix_stream(server: &Arc<Server>, s: UnixStream, opts: DriverOption
     }
 }
 
+/// Serves one unix stream connection to completion.
+pub fn serve_unix_stream(server: &Arc<Server>, s: UnixStream, opts: DriverOptions) {
+    serve_duplex(server, s, opts);
+}
+
 /// Serves one TCP connection to completion.
 pub fn serve_tcp_stream(server: &Arc<Server>, s: TcpStream, opts: DriverOptions) {
     let _ = s.set_nodelay(true);
-    let result = s.try_clone().and_then(|w| {
-        let writer: Arc<dyn FrameWriter> = Arc::new(StreamWriter(Mutex::new(w)));
-        serve_connection(
-            Arc::new(server.session()),
-            StreamReader::new(s),
-            writer,
-            opts,
-        )
-    });
-    if let Err(e) = result {
-        tracing::warn!(error = %e, "9p connection ended with an error");
-    }
+    serve_duplex(server, s, opts);
 }
