@@ -78,10 +78,7 @@ impl Session {
                 uid: f.uid,
             },
         );
-        let mut w = Writer::begin(out, kind::TLOPEN + 1, tag);
-        qid.encode(&mut w);
-        w.u32(0);
-        w.finish();
+        open_reply(out, kind::TLOPEN + 1, tag, qid);
         Ok(())
     }
 
@@ -122,10 +119,7 @@ impl Session {
                 uid: d.uid,
             },
         );
-        let mut w = Writer::begin(out, kind::TLCREATE + 1, tag);
-        qid.encode(&mut w);
-        w.u32(0);
-        w.finish();
+        open_reply(out, kind::TLCREATE + 1, tag, qid);
         Ok(())
     }
 
@@ -454,6 +448,14 @@ impl Session {
             sys::setxattr(&path, &x.name, &value, x.flags)
         }
     }
+}
+
+/// Rlopen / Rlcreate: the opened file's qid and an iounit of 0 (the client uses msize).
+fn open_reply(out: &mut Vec<u8>, reply: u8, tag: u16, qid: crate::message::Qid) {
+    let mut w = Writer::begin(out, reply, tag);
+    qid.encode(&mut w);
+    w.u32(0);
+    w.finish();
 }
 
 #[cfg(test)]
