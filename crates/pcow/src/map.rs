@@ -34,7 +34,7 @@ impl ClusterMap {
     /// (physical slots): a dense map then uses 4 bytes per logical cluster. Larger values
     /// are still accepted (the map switches to the wide representation).
     pub fn with_expected_narrow(clusters: u64, expected: u64) -> Self {
-        if clusters <= DENSE_LIMIT && expected.saturating_mul(8) >= clusters {
+        if clusters <= DENSE_LIMIT && expected.saturating_mul(16) >= clusters {
             ClusterMap::Dense32(vec![ABSENT32; clusters as usize])
         } else {
             ClusterMap::Sparse(HashMap::with_capacity(expected.min(1 << 20) as usize))
