@@ -49,17 +49,18 @@ pub fn checksum(bytes: &[u8]) -> u32 {
 #[target_feature(enable = "sse4.2")]
 unsafe fn crc32c_small_sse42(data: &[u8]) -> u32 {
     use std::arch::x86_64::{_mm_crc32_u32, _mm_crc32_u64, _mm_crc32_u8};
-    let (words, rest) = data.as_chunks::<8>();
+    let mut words = data.chunks_exact(8);
     let mut crc: u64 = 0xffff_ffff;
-    for w in words {
-        crc = _mm_crc32_u64(crc, u64::from_le_bytes(*w));
+    for w in &mut words {
+        crc = _mm_crc32_u64(crc, u64::from_le_bytes(w.try_into().expect("8 bytes")));
     }
     let mut crc = crc as u32;
-    let (halves, bytes) = rest.as_chunks::<4>();
-    for h in halves {
-        crc = _mm_crc32_u32(crc, u32::from_le_bytes(*h));
+    let mut rest = words.remainder();
+    if let Some((half, tail)) = rest.split_first_chunk::<4>() {
+        crc = _mm_crc32_u32(crc, u32::from_le_bytes(*half));
+        rest = tail;
     }
-    for &b in bytes {
+    for &b in rest {
         crc = _mm_crc32_u8(crc, b);
     }
     !crc
