@@ -3,6 +3,8 @@
 #   make bench-pmem   fault latencies vs peers in the same run (MAP_SHARED file, anonymous,
 #                     kernel MAP_PRIVATE CoW, qcow2 CoW via qemu-io), 64 GiB start-up, VMA
 #                     counts, probe-guest writes; results: docs/benchmarks.md "## pmem".
+#                     One part only: cargo bench -p densevm-pmem --bench pmem_bench -- expansion
+#                     (parts: expansion, read, cow, startup, probe).
 PMEM_DENSEVM ?= $(abspath $(or $(CARGO_TARGET_DIR),target)/release/densevm)
 
 .PHONY: bench-pmem

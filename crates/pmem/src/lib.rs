@@ -11,6 +11,9 @@
 //!   it is that small) into the top file and remapped writable. Host threads reach this
 //!   through SIGSEGV; vCPUs through the VMM's exit path ([`WriteFaultHandle`]) because KVM
 //!   reports such writes as an MMIO exit (PVM) or EFAULT (hardware KVM), not as a signal.
+//! * The service thread pre-faults the written page before waking the faulting thread, and
+//!   both ends of the round trip poll briefly before sleeping ([`MapOptions::spin`]); an
+//!   opt-in staged pool moves pre-mapped clusters into place ([`MapOptions::staging`]).
 //! * [`PmemRegion::flush`] is the sync point that acknowledges writes (docs/pcow.md §6).
 //!
 //! The design and its measurements are in docs/architecture.md (`## pmem`).

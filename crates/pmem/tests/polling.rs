@@ -1,0 +1,132 @@
+//! The fault round trip with both waiting modes (`MapOptions::spin`): polling (the default)
+//! and sleeping at once (`spin = 0`, the SIGSEGV handler sleeps on its futex and must be
+//! woken by the service thread). Host threads copy up pages of a snapshot and expand fresh
+//! clusters concurrently; a lost wake-up fails the test after a deadline instead of hanging
+//! (needs userfaultfd: run as root or with access to /dev/userfaultfd).
+
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use densevm_pmem::{MapOptions, PmemRegion};
+use pcow::{Chain, CreateOptions, OpenOptions, SharedChain};
+
+const MIB: u64 = 1 << 20;
+const CLUSTER: u64 = 64 << 10;
+const PAGE: u64 = 4096;
+
+fn tmpdir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("pmem-polling-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn open(path: &Path, writable: bool) -> Chain {
+    Chain::open(
+        path,
+        OpenOptions {
+            writable,
+            ..Default::default()
+        },
+    )
+    .unwrap()
+}
+
+/// Snapshot holding 0x11 over the first 2 MiB; the rest unallocated.
+fn image(dir: &Path) -> PathBuf {
+    let img = dir.join("a.pcow");
+    pcow::create_file(
+        &img,
+        &CreateOptions {
+            virtual_size: 8 * MIB,
+            cluster_size: CLUSTER,
+            backing: None,
+        },
+    )
+    .unwrap();
+    let mut c = open(&img, true);
+    c.write(0, &vec![0x11; 2 * MIB as usize]).unwrap();
+    c.flush().unwrap();
+    c.snapshot_create("s").unwrap();
+    img
+}
+
+/// Two threads: one writes one byte into every page of the snapshot's 2 MiB (4 KiB CoW via
+/// SIGSEGV), one into every cluster of the next 2 MiB (expansion via userfaultfd).
+fn fault_from_threads(spin: Duration) {
+    let dir = tmpdir(&format!("spin{}", spin.as_micros()));
+    let img = image(&dir);
+    let r = PmemRegion::map(
+        SharedChain::new(open(&img, true)),
+        MapOptions {
+            spin,
+            ..MapOptions::default()
+        },
+    )
+    .expect("mapping needs userfaultfd (root or /dev/userfaultfd access)");
+    let base = r.host_addr();
+    let (tx, rx) = mpsc::channel();
+    for (start, step) in [(0, PAGE), (2 * MIB, CLUSTER)] {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            let mut off = start;
+            while off < start + 2 * MIB {
+                // SAFETY: inside the mapped region, which lives until both threads reported.
+                unsafe { std::ptr::write_volatile((base + off + 5) as *mut u8, 0x22) };
+                off += step;
+            }
+            tx.send(()).unwrap();
+        });
+    }
+    for _ in 0..2 {
+        rx.recv_timeout(Duration::from_secs(60)).unwrap_or_else(|_| {
+            panic!(
+                "spin {spin:?}: a faulting thread was not resumed within 60 s (lost wake-up?): {:?}",
+                r.stats()
+            )
+        });
+    }
+    let s = r.stats();
+    assert_eq!(s.cow_units, 2 * MIB / PAGE, "spin {spin:?}: {s:?}");
+    assert_eq!(s.expansions, 2 * MIB / CLUSTER, "spin {spin:?}: {s:?}");
+    if spin.is_zero() {
+        assert_eq!(s.spin_hits, 0, "spin 0 must not poll: {s:?}");
+    }
+    r.flush().unwrap();
+    drop(r);
+    let c = open(&img, false);
+    let mut buf = vec![0u8; 4 * MIB as usize];
+    c.read(0, &mut buf).unwrap();
+    for (i, page) in buf.chunks(PAGE as usize).enumerate() {
+        let off = i as u64 * PAGE;
+        let (fill, written) = if off < 2 * MIB {
+            (0x11, true)
+        } else {
+            (0, off % CLUSTER == 0)
+        };
+        let want5 = if written { 0x22 } else { fill };
+        assert_eq!(page[5], want5, "spin {spin:?}: page {i} byte 5");
+        assert!(
+            page[..5].iter().chain(&page[6..]).all(|&b| b == fill),
+            "spin {spin:?}: page {i} rest"
+        );
+    }
+    let report = pcow::check_path(&img).unwrap();
+    assert!(
+        report.corruptions.is_empty() && report.leaks.is_empty(),
+        "spin {spin:?}: check found {:?} {:?}",
+        report.corruptions,
+        report.leaks
+    );
+}
+
+#[test]
+fn faults_are_served_when_both_ends_sleep() {
+    fault_from_threads(Duration::ZERO);
+}
+
+#[test]
+fn faults_are_served_when_both_ends_poll() {
+    fault_from_threads(Duration::from_micros(50));
+}
