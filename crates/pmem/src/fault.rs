@@ -284,7 +284,10 @@ impl Inner {
     /// Allocations after which the pool refill thread runs: every `REFILL_EVERY`, or sooner
     /// when that would empty the staged clusters first.
     pub fn refill_every(&self) -> u64 {
-        crate::REFILL_EVERY.min(self.staging.target().div_ceil(2))
+        match self.staging.target() {
+            0 => crate::REFILL_EVERY,
+            t => crate::REFILL_EVERY.min(t.div_ceil(2)),
+        }
     }
 
     fn note_allocation(&self) {

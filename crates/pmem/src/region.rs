@@ -281,7 +281,7 @@ impl PmemRegion {
             refill: Mutex::new((0, false)),
             refill_cv: Condvar::new(),
             next_tail: std::sync::atomic::AtomicU64::new(0),
-            staging: Staging::new(cs, fds0),
+            staging: Staging::new(cs, fds0, opts.staging && writable),
         });
         inner
             .next_tail
@@ -343,10 +343,10 @@ impl PmemRegion {
         }
         if writable {
             let inner2 = inner.clone();
-            let (pool, staging) = (opts.pool_clusters, opts.staging);
+            let pool = opts.pool_clusters;
             if let Ok(t) = std::thread::Builder::new()
                 .name("pmem-pool".into())
-                .spawn(move || service::refill(&inner2, pool, staging))
+                .spawn(move || service::refill(&inner2, pool))
             {
                 threads.push(t);
             }

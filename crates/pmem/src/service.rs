@@ -147,7 +147,7 @@ fn on_uffd_fault(inner: &Inner, uffd: &Uffd, msg: crate::uffd::Msg) {
 /// Keeps `pool` clusters pre-allocated at the end of the top file, the next of them
 /// zero-filled and the next few staged (mapped and pre-faulted, see `staging`): runs at
 /// start, then whenever enough allocations have happened, until the region is dropped.
-pub(crate) fn refill(inner: &Inner, pool: u64, staging: bool) {
+pub(crate) fn refill(inner: &Inner, pool: u64) {
     let mut zeroed_to = inner.next_tail.load(Ordering::Relaxed);
     let mut r = inner.refill.lock().unwrap_or_else(|p| p.into_inner());
     loop {
@@ -166,10 +166,8 @@ pub(crate) fn refill(inner: &Inner, pool: u64, staging: bool) {
             Ok(n) => zeroed_to = n,
             Err(e) => tracing::warn!("pmem: zero-filling the pool failed: {e}"),
         }
-        if staging {
-            if let Err(e) = stage(inner, zeroed_to) {
-                tracing::warn!("pmem: staging pool clusters failed: {e}");
-            }
+        if let Err(e) = stage(inner, zeroed_to) {
+            tracing::warn!("pmem: staging pool clusters failed: {e}");
         }
         r = inner.refill.lock().unwrap_or_else(|p| p.into_inner());
         while !r.1 && r.0 < inner.refill_every() {
@@ -210,6 +208,9 @@ pub(crate) fn initial_tail(inner: &Inner) -> u64 {
 /// tail on, up to the staging target, one mapping per run of file-contiguous slots.
 fn stage(inner: &Inner, zeroed_to: u64) -> crate::Result<()> {
     let want = inner.staging.target().saturating_sub(inner.staging.len());
+    if want == 0 {
+        return Ok(());
+    }
     let start = inner
         .next_tail
         .load(Ordering::Relaxed)

@@ -35,6 +35,7 @@ struct Staged {
 pub(crate) struct Staging {
     cluster: u64,
     fd: RawFd,
+    enabled: bool,
     clusters: Mutex<BTreeMap<u64, Staged>>,
 }
 
@@ -55,17 +56,22 @@ fn unmap(addr: u64, len: u64) {
 }
 
 impl Staging {
-    /// An empty staging pool for clusters of `cluster` bytes of the file `fd`.
-    pub fn new(cluster: u64, fd: RawFd) -> Staging {
+    /// An empty staging pool for clusters of `cluster` bytes of the file `fd`; `enabled`
+    /// false keeps it empty (target 0).
+    pub fn new(cluster: u64, fd: RawFd, enabled: bool) -> Staging {
         Staging {
             cluster,
             fd,
+            enabled,
             clusters: Mutex::new(BTreeMap::new()),
         }
     }
 
-    /// How many clusters to keep staged.
+    /// How many clusters to keep staged (0 when disabled).
     pub fn target(&self) -> u64 {
+        if !self.enabled {
+            return 0;
+        }
         (STAGED_BYTES / self.cluster).clamp(1, STAGED_CLUSTERS)
     }
 
