@@ -183,9 +183,18 @@ impl Image {
                 slot_rest = sr;
                 bm_rest = br;
                 let (st, full) = (&storage, &full);
-                handles.push(
-                    sc.spawn(move || scan_part(st.as_ref(), geo, segs, vclusters, full, sl, bl)),
-                );
+                handles.push(sc.spawn(move || {
+                    let st = st.as_ref();
+                    // The slot size is a compile-time constant in the hot loop.
+                    match geo.slot_size {
+                        32 => scan_part::<32>(st, geo, segs, vclusters, full, sl, bl),
+                        64 => scan_part::<64>(st, geo, segs, vclusters, full, sl, bl),
+                        128 => scan_part::<128>(st, geo, segs, vclusters, full, sl, bl),
+                        other => Err(PcowError::InvalidParameter(format!(
+                            "unsupported entry slot size {other}"
+                        ))),
+                    }
+                }));
             }
             handles
                 .into_iter()
@@ -535,7 +544,8 @@ impl ScanPart {
 
 /// Decodes the entries of segments `segs` into `slots` (one value written per slot, every
 /// slot of the range) and their bitmaps into `bitmaps` (left zero for slots without one).
-fn scan_part(
+/// `S` is `geo.slot_size`.
+fn scan_part<const S: usize>(
     storage: &dyn Storage,
     geo: Geometry,
     segs: std::ops::Range<u64>,
@@ -548,8 +558,7 @@ fn scan_part(
     let epm = geo.entries_per_meta as usize;
     let mut part = ScanPart::default();
     let mut written = 0usize;
-    let slot_size = geo.slot_size as usize;
-    let pair_size = 2 * slot_size;
+    let pair_size = 2 * S;
     let mut meta = vec![0u8; geo.cluster_size() as usize];
     let mut run: Option<(u32, u64)> = None;
     let segments = slots
@@ -560,7 +569,7 @@ fn scan_part(
         let entries = meta.chunks_exact(pair_size).zip(seg_slots.iter_mut());
         for (j, (pair, out)) in entries.enumerate() {
             let slot = seg * geo.entries_per_meta + j as u64;
-            let (c0, c1) = pair.split_at(slot_size);
+            let (c0, c1) = pair.split_at(S);
             let m = match (copy_state(c0), copy_state(c1)) {
                 (0, 0) => EMPTY_SLOT,
                 (1, 1) => part.corrupt(
