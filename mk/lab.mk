@@ -2,7 +2,7 @@
 #   make guest        L2 artifacts in build/guest/ (Debian kernel, vmlinux, initrd)
 #   make lab          boot the lab once and run LAB_SCRIPT (default: the QEMU L2 proof)
 #   make test-lab     every lab/tests/*.sh in its own lab run
-#   make bench-lab    boot-density benchmark (QEMU now; densevm once it boots Linux)
+#   make bench-lab    boot-density benchmark: densevm vs QEMU (BENCH_VMMS, BENCH_COUNTS, BENCH_KSM)
 LAB_DENSEVM ?= $(abspath $(or $(CARGO_TARGET_DIR),target))/release/densevm
 LAB_SCRIPT ?= lab/tests/qemu-l2-boot.sh
 LAB_TESTS ?= $(sort $(wildcard lab/tests/*.sh))
