@@ -7,50 +7,16 @@
 use std::fs::OpenOptions as FsOpen;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use common::{create, fill, map, map_with, open, tmpdir, CLUSTER, MIB, PAGE};
 use densevm_pmem::{MapOptions, PmemRegion};
-use pcow::{Chain, CreateOptions, OpenOptions, SharedChain};
-
-const MIB: u64 = 1 << 20;
-const CLUSTER: u64 = 64 << 10;
-const PAGE: u64 = 4096;
-
-fn dir() -> PathBuf {
-    let d = std::env::temp_dir().join(format!("pmem-bench-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn create(path: &Path, size: u64, backing: Option<&str>) {
-    pcow::create_file(
-        path,
-        &CreateOptions {
-            virtual_size: size,
-            cluster_size: CLUSTER,
-            backing: backing.map(str::to_string),
-        },
-    )
-    .unwrap();
-}
-
-fn open_rw(path: &Path) -> Chain {
-    Chain::open(
-        path,
-        OpenOptions {
-            writable: true,
-            ..Default::default()
-        },
-    )
-    .unwrap()
-}
-
-fn map(path: &Path) -> PmemRegion {
-    PmemRegion::map(SharedChain::new(open_rw(path)), MapOptions::default()).unwrap()
-}
+use pcow::SharedChain;
 
 /// Touches one byte every `stride` bytes of `[addr, addr+len)`; returns µs per touch.
 fn touch(addr: u64, len: u64, stride: u64, write: bool) -> f64 {
@@ -305,7 +271,7 @@ fn process_cpu_us() -> f64 {
 fn expansion(img: &Path, n: u64, opts: MapOptions) -> Expansion {
     create(img, n * CLUSTER * 2, None);
     let cpu0 = process_cpu_us();
-    let r = PmemRegion::map(SharedChain::new(open_rw(img)), opts).unwrap();
+    let r = map_with(img, opts);
     // Paced: batches of 32 first writes with a pause, so the pool thread keeps zero-filled
     // (and staged) clusters ready (the latency a guest sees when it is not expanding at full
     // speed).
@@ -357,7 +323,7 @@ fn main() {
     // `cargo bench -p densevm-pmem --bench pmem_bench -- expansion` runs only that part.
     let only: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with('-'));
     let want = |part: &str| only.as_deref().is_none_or(|o| part.contains(o));
-    let d = dir();
+    let d = tmpdir("bench");
     let mut t = Table(Vec::new());
 
     if want("expansion") {
@@ -512,10 +478,7 @@ fn main() {
         let img3 = d.join("cow3.pcow");
         create(&img3, 64 * MIB, None);
         for p in [&img, &img2, &img3] {
-            let mut c = open_rw(p);
-            c.write(0, &vec![0x11; cow_len as usize]).unwrap();
-            c.flush().unwrap();
-            c.snapshot_create("s").unwrap();
+            fill(p, cow_len, 0x11).snapshot_create("s").unwrap();
         }
         let r = map(&img);
         touch(r.host_addr(), cow_len, PAGE, false); // warm the page cache like the peers
@@ -535,14 +498,13 @@ fn main() {
         let cow_hook = t0.elapsed().as_secs_f64() * 1e6 / (cow_len / PAGE) as f64;
         drop(r);
         // The previous design: both ends of the round trip sleep (no polling).
-        let r = PmemRegion::map(
-            SharedChain::new(open_rw(&img3)),
+        let r = map_with(
+            &img3,
             MapOptions {
                 spin: std::time::Duration::ZERO,
                 ..MapOptions::default()
             },
-        )
-        .unwrap();
+        );
         touch(r.host_addr(), cow_len, PAGE, false);
         let cow_sleep = touch(r.host_addr(), cow_len, PAGE, true);
         drop(r);
@@ -600,7 +562,7 @@ fn main() {
         let img = d.join("big.pcow");
         let clusters = big_image(&img);
         let t0 = Instant::now();
-        let chain = SharedChain::new(open_rw(&img));
+        let chain = SharedChain::new(open(&img, true));
         let open_ms = t0.elapsed().as_secs_f64() * 1e3;
         let r = PmemRegion::map(chain, MapOptions::default()).unwrap();
         t.row(

@@ -4,51 +4,20 @@
 //! clusters concurrently; a lost wake-up fails the test after a deadline instead of hanging
 //! (needs userfaultfd: run as root or with access to /dev/userfaultfd).
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use densevm_pmem::{MapOptions, PmemRegion};
-use pcow::{Chain, CreateOptions, OpenOptions, SharedChain};
-
-const MIB: u64 = 1 << 20;
-const CLUSTER: u64 = 64 << 10;
-const PAGE: u64 = 4096;
-
-fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("pmem-polling-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn open(path: &Path, writable: bool) -> Chain {
-    Chain::open(
-        path,
-        OpenOptions {
-            writable,
-            ..Default::default()
-        },
-    )
-    .unwrap()
-}
+use common::{assert_clean, create, fill, map_with, read_chain, tmpdir, CLUSTER, MIB, PAGE};
+use densevm_pmem::MapOptions;
 
 /// Snapshot holding 0x11 over the first 2 MiB; the rest unallocated.
 fn image(dir: &Path) -> PathBuf {
     let img = dir.join("a.pcow");
-    pcow::create_file(
-        &img,
-        &CreateOptions {
-            virtual_size: 8 * MIB,
-            cluster_size: CLUSTER,
-            backing: None,
-        },
-    )
-    .unwrap();
-    let mut c = open(&img, true);
-    c.write(0, &vec![0x11; 2 * MIB as usize]).unwrap();
-    c.flush().unwrap();
-    c.snapshot_create("s").unwrap();
+    create(&img, 8 * MIB, None);
+    fill(&img, 2 * MIB, 0x11).snapshot_create("s").unwrap();
     img
 }
 
@@ -57,14 +26,13 @@ fn image(dir: &Path) -> PathBuf {
 fn fault_from_threads(spin: Duration) {
     let dir = tmpdir(&format!("spin{}", spin.as_micros()));
     let img = image(&dir);
-    let r = PmemRegion::map(
-        SharedChain::new(open(&img, true)),
+    let r = map_with(
+        &img,
         MapOptions {
             spin,
             ..MapOptions::default()
         },
-    )
-    .expect("mapping needs userfaultfd (root or /dev/userfaultfd access)");
+    );
     let base = r.host_addr();
     let (tx, rx) = mpsc::channel();
     for (start, step) in [(0, PAGE), (2 * MIB, CLUSTER)] {
@@ -95,9 +63,7 @@ fn fault_from_threads(spin: Duration) {
     }
     r.flush().unwrap();
     drop(r);
-    let c = open(&img, false);
-    let mut buf = vec![0u8; 4 * MIB as usize];
-    c.read(0, &mut buf).unwrap();
+    let buf = read_chain(&img, 0, 4 * MIB as usize);
     for (i, page) in buf.chunks(PAGE as usize).enumerate() {
         let off = i as u64 * PAGE;
         let (fill, written) = if off < 2 * MIB {
@@ -112,13 +78,7 @@ fn fault_from_threads(spin: Duration) {
             "spin {spin:?}: page {i} rest"
         );
     }
-    let report = pcow::check_path(&img).unwrap();
-    assert!(
-        report.corruptions.is_empty() && report.leaks.is_empty(),
-        "spin {spin:?}: check found {:?} {:?}",
-        report.corruptions,
-        report.leaks
-    );
+    assert_clean(&img);
 }
 
 #[test]

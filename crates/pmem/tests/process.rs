@@ -1,74 +1,11 @@
 //! Process-level tests: host threads fault a mapped pcow chain (needs userfaultfd: run as
 //! root or with access to /dev/userfaultfd).
 
-use std::path::{Path, PathBuf};
+mod common;
+
 use std::sync::Arc;
 
-use densevm_pmem::{MapOptions, PmemRegion};
-use pcow::{Chain, CreateOptions, OpenOptions, SharedChain};
-
-const MIB: u64 = 1 << 20;
-const CLUSTER: u64 = 64 << 10;
-
-fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("pmem-test-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn create(path: &Path, size: u64, backing: Option<&str>) {
-    pcow::create_file(
-        path,
-        &CreateOptions {
-            virtual_size: size,
-            cluster_size: CLUSTER,
-            backing: backing.map(str::to_string),
-        },
-    )
-    .unwrap();
-}
-
-fn open(path: &Path) -> Chain {
-    Chain::open(
-        path,
-        OpenOptions {
-            writable: true,
-            ..Default::default()
-        },
-    )
-    .unwrap()
-}
-
-fn map(path: &Path) -> PmemRegion {
-    PmemRegion::map(SharedChain::new(open(path)), MapOptions::default())
-        .expect("mapping needs userfaultfd (root or /dev/userfaultfd access)")
-}
-
-/// The region's bytes. The mapping lives as long as the region; tests use the slice only
-/// while the region is alive.
-fn slice<'a>(r: &PmemRegion) -> &'a mut [u8] {
-    // SAFETY: the region is mapped for its whole size while `r` lives (see above).
-    unsafe { std::slice::from_raw_parts_mut(r.host_addr() as *mut u8, r.size() as usize) }
-}
-
-fn read_chain(path: &Path, offset: u64, len: usize) -> Vec<u8> {
-    let c = Chain::open(path, OpenOptions::default()).unwrap();
-    let mut buf = vec![0u8; len];
-    c.read(offset, &mut buf).unwrap();
-    buf
-}
-
-fn assert_clean(path: &Path) {
-    let report = pcow::check_path(path).unwrap();
-    assert!(
-        report.corruptions.is_empty() && report.leaks.is_empty(),
-        "check of {} found: {:?} {:?}",
-        path.display(),
-        report.corruptions,
-        report.leaks
-    );
-}
+use common::{assert_clean, create, fill, map, open, read_chain, slice, tmpdir, CLUSTER, MIB};
 
 #[test]
 fn reads_allocate_nothing_and_writes_expand_thinly() {
@@ -113,12 +50,7 @@ fn writes_to_a_snapshot_copy_4k_and_rollback_restores() {
     let dir = tmpdir("snap");
     let img = dir.join("a.pcow");
     create(&img, 16 * MIB, None);
-    {
-        let mut c = open(&img);
-        c.write(0, &vec![0x11; 2 * MIB as usize]).unwrap();
-        c.flush().unwrap();
-        c.snapshot_create("before").unwrap();
-    }
+    fill(&img, 2 * MIB, 0x11).snapshot_create("before").unwrap();
     {
         let r = map(&img);
         let m = slice(&r);
@@ -141,7 +73,7 @@ fn writes_to_a_snapshot_copy_4k_and_rollback_restores() {
     assert_clean(&img);
     // Rollback.
     {
-        let mut c = open(&img);
+        let mut c = open(&img, true);
         c.snapshot_apply("before").unwrap();
     }
     assert_eq!(read_chain(&img, 0, 3 * 4096), vec![0x11; 3 * 4096]);
@@ -153,11 +85,7 @@ fn writes_over_a_base_image_leave_the_base_untouched() {
     let dir = tmpdir("base");
     let base = dir.join("base.pcow");
     create(&base, 16 * MIB, None);
-    {
-        let mut c = open(&base);
-        c.write(0, &vec![0x44; MIB as usize]).unwrap();
-        c.flush().unwrap();
-    }
+    fill(&base, MIB, 0x44);
     let base_bytes = std::fs::read(&base).unwrap();
     let top = dir.join("top.pcow");
     create(&top, 16 * MIB, Some("base.pcow"));
@@ -195,11 +123,7 @@ fn concurrent_faults_allocate_and_copy_exactly_once() {
     let dir = tmpdir("conc");
     let base = dir.join("base.pcow");
     create(&base, 32 * MIB, None);
-    {
-        let mut c = open(&base);
-        c.write(0, &vec![0x77; 4 * MIB as usize]).unwrap();
-        c.flush().unwrap();
-    }
+    fill(&base, 4 * MIB, 0x77);
     let top = dir.join("top.pcow");
     create(&top, 32 * MIB, Some("base.pcow"));
     const THREADS: u64 = 8;

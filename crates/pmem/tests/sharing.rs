@@ -4,38 +4,17 @@
 //! The test re-executes its own binary twice (test `child_maps_and_waits` with
 //! `PMEM_SHARE_CHILD` set), as two VMs would be two VMM processes.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 
-use densevm_pmem::{MapOptions, PmemRegion};
-use pcow::{Chain, CreateOptions, OpenOptions, SharedChain};
+use common::{create, fill, map, slice, tmpdir, MIB};
 
-const MIB: u64 = 1 << 20;
 const BASE_DATA: u64 = 8 * MIB;
-
-fn create(path: &Path, backing: Option<&str>) {
-    pcow::create_file(
-        path,
-        &CreateOptions {
-            virtual_size: 32 * MIB,
-            cluster_size: 64 << 10,
-            backing: backing.map(str::to_string),
-        },
-    )
-    .unwrap();
-}
-
-fn open(path: &Path) -> Chain {
-    Chain::open(
-        path,
-        OpenOptions {
-            writable: true,
-            ..Default::default()
-        },
-    )
-    .unwrap()
-}
+/// Virtual size of the base and of each top image.
+const IMAGE_SIZE: u64 = 32 * MIB;
 
 /// Child role: map the image named by PMEM_SHARE_CHILD, read the base data, write one
 /// page (copy-on-write), report READY and wait for stdin to close.
@@ -44,13 +23,8 @@ fn child_maps_and_waits() {
     let Ok(path) = std::env::var("PMEM_SHARE_CHILD") else {
         return; // only meaningful as the child of `base_pages_are_shared_between_two_mappings`
     };
-    let r = PmemRegion::map(
-        SharedChain::new(open(Path::new(&path))),
-        MapOptions::default(),
-    )
-    .expect("map (needs userfaultfd)");
-    // SAFETY: the region is mapped for its size while `r` lives.
-    let m = unsafe { std::slice::from_raw_parts_mut(r.host_addr() as *mut u8, r.size() as usize) };
+    let r = map(Path::new(&path));
+    let m = slice(&r);
     let sum: u64 = m[..BASE_DATA as usize].iter().map(|&b| b as u64).sum();
     assert_eq!(sum, 0x5a * BASE_DATA, "base data visible");
     m[0] = 1; // one 4 KiB copy-up: private to this image
@@ -93,21 +67,15 @@ fn rss_pss(pid: u32, file: &Path) -> (u64, u64) {
 
 #[test]
 fn base_pages_are_shared_between_two_mappings() {
-    let dir: PathBuf = std::env::temp_dir().join(format!("pmem-share-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = tmpdir("share");
     let base = dir.join("base.pcow");
-    create(&base, None);
-    {
-        let mut c = open(&base);
-        c.write(0, &vec![0x5a; BASE_DATA as usize]).unwrap();
-        c.flush().unwrap();
-    }
+    create(&base, IMAGE_SIZE, None);
+    fill(&base, BASE_DATA, 0x5a);
     let exe = std::env::current_exe().unwrap();
     let mut children = Vec::new();
     for i in 0..2 {
         let top = dir.join(format!("top{i}.pcow"));
-        create(&top, Some("base.pcow"));
+        create(&top, IMAGE_SIZE, Some("base.pcow"));
         let mut child = Command::new(&exe)
             .args([
                 "--exact",

@@ -3,37 +3,23 @@
 //! their data across drop and reopen, keep the mapping coalesced, and leave no staging
 //! mapping behind (needs userfaultfd: run as root or with access to /dev/userfaultfd).
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::Path;
 use std::time::{Duration, Instant};
 
+use common::{assert_clean, create, map_with, open, tmpdir, CLUSTER, MIB};
 use densevm_pmem::{MapOptions, PmemRegion};
-use pcow::{Chain, CreateOptions, OpenOptions, SharedChain};
 
-const MIB: u64 = 1 << 20;
-const CLUSTER: u64 = 64 << 10;
-
-fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("pmem-staging-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn map(path: &Path) -> PmemRegion {
-    let chain = Chain::open(
+/// Maps the chain whose top image is `path` with the staged expansion pool on.
+fn map_staged(path: &Path) -> PmemRegion {
+    map_with(
         path,
-        OpenOptions {
-            writable: true,
-            ..Default::default()
+        MapOptions {
+            staging: true,
+            ..MapOptions::default()
         },
     )
-    .unwrap();
-    let opts = MapOptions {
-        staging: true,
-        ..MapOptions::default()
-    };
-    PmemRegion::map(SharedChain::new(chain), opts)
-        .expect("mapping needs userfaultfd (root or /dev/userfaultfd access)")
 }
 
 /// Waits (bounded) until the pool thread has staged clusters, failing if it never does.
@@ -63,7 +49,7 @@ fn write_clusters(r: &PmemRegion, range: std::ops::Range<u64>) {
 }
 
 fn check_clusters(path: &Path, range: std::ops::Range<u64>) {
-    let c = Chain::open(path, OpenOptions::default()).unwrap();
+    let c = open(path, false);
     let mut buf = vec![0u8; CLUSTER as usize];
     for l in range {
         c.read(l * CLUSTER, &mut buf).unwrap();
@@ -90,34 +76,15 @@ fn mappings_of(path: &Path) -> usize {
         .count()
 }
 
-fn assert_clean(path: &Path) {
-    let report = pcow::check_path(path).unwrap();
-    assert!(
-        report.corruptions.is_empty() && report.leaks.is_empty(),
-        "check of {} found: {:?} {:?}",
-        path.display(),
-        report.corruptions,
-        report.leaks
-    );
-}
-
 #[test]
 fn staged_expansions_keep_data_across_drop_and_reopen() {
     let dir = tmpdir("reopen");
     let img = dir.join("a.pcow");
-    pcow::create_file(
-        &img,
-        &CreateOptions {
-            virtual_size: 64 * MIB,
-            cluster_size: CLUSTER,
-            backing: None,
-        },
-    )
-    .unwrap();
+    create(&img, 64 * MIB, None);
     let first = 0..200;
     let second = 300..500;
     for (round, range) in [first.clone(), second.clone()].into_iter().enumerate() {
-        let r = map(&img);
+        let r = map_staged(&img);
         wait_staged(&r);
         write_clusters(&r, range.clone());
         let s = r.stats();
@@ -156,19 +123,11 @@ fn staged_expansions_keep_data_across_drop_and_reopen() {
 fn staged_and_direct_expansions_mix_under_concurrency() {
     let dir = tmpdir("mix");
     let img = dir.join("a.pcow");
-    pcow::create_file(
-        &img,
-        &CreateOptions {
-            virtual_size: 128 * MIB,
-            cluster_size: CLUSTER,
-            backing: None,
-        },
-    )
-    .unwrap();
+    create(&img, 128 * MIB, None);
     const THREADS: u64 = 4;
     let per = 256;
     {
-        let r = map(&img);
+        let r = map_staged(&img);
         wait_staged(&r);
         // Four threads expand interleaved clusters back to back: more than the staging pool
         // holds, so staged and directly mapped expansions mix.
