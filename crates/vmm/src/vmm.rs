@@ -8,7 +8,7 @@ use crate::trace::{mark_name, BootTrace};
 use crate::vstate::kick;
 use crate::vstate::vcpu::{Vcpu, VcpuEvent, VcpuFailure, VcpuShared};
 use crate::vstate::vm::{Vm, VmError};
-use densevm_devices::legacy::{self, AcpiPm, Cmos, DebugPort, Serial, I8042};
+use densevm_devices::legacy::{self, AcpiPm, Cmos, DebugPort, PciHostBridge, Serial, I8042};
 use densevm_devices::{Bus, GuestRequest};
 use densevm_probe::Command;
 use kvm_bindings::KVM_MAX_CPUID_ENTRIES;
@@ -383,6 +383,12 @@ pub fn run_vm(config: VmConfig) -> Result<RunOutcome, VmmError> {
             legacy::ACPI_PM_LEN,
         )
         .map_err(bus_err)?;
+        pio.insert(
+            Arc::new(Mutex::new(PciHostBridge::new())),
+            legacy::PCI_CONFIG_BASE,
+            legacy::PCI_CONFIG_LEN,
+        )
+        .map_err(bus_err)?;
     }
 
     let fds = (0..config.cpus)
@@ -413,12 +419,14 @@ pub fn run_vm(config: VmConfig) -> Result<RunOutcome, VmmError> {
                     source,
                 })?;
             }
+            let pmem: Vec<(u64, u64)> = placed.iter().map(|&(_, gpa, size)| (gpa, size)).collect();
             Box::new(linux::write_boot_data(
                 memory.mem(),
                 plan,
                 cmdline,
                 config.cpus,
                 HIGH_RAM_START,
+                &pmem,
             )?)
         }
         (Payload::Linux { .. }, None) => unreachable!("a Linux payload always has a plan"),

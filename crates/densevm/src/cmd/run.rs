@@ -9,8 +9,7 @@ use serde_json::{json, Map, Value};
 use std::time::{Duration, Instant};
 
 /// The kernel command line used when `--cmdline` is not given.
-/// (`pci=off`: densevm has no PCI bus, so the kernel need not probe for one.)
-pub const DEFAULT_CMDLINE: &str = "console=ttyS0 reboot=acpi panic=-1 pci=off";
+pub const DEFAULT_CMDLINE: &str = "console=ttyS0 reboot=acpi panic=-1";
 
 /// The script `--probe` runs when given no script: an idle guest that exits at once.
 pub const DEFAULT_PROBE_SCRIPT: &str = "exit 0";
@@ -37,7 +36,7 @@ pub struct RunArgs {
     /// Initrd for --kernel, mapped from its file.
     #[arg(long, value_name = "FILE")]
     pub initrd: Option<std::path::PathBuf>,
-    /// Kernel command line for --kernel [default: console=ttyS0 reboot=acpi panic=-1 pci=off].
+    /// Kernel command line for --kernel [default: console=ttyS0 reboot=acpi panic=-1].
     #[arg(long)]
     pub cmdline: Option<String>,
     /// Print the boot trace points as a table (on stderr) when the VM ends.
@@ -56,7 +55,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "SECS")]
     pub timeout: Option<f64>,
     /// Map a pcow image (with its backing chain) into guest memory above RAM as region
-    /// `pmem0`, `pmem1`, ... (repeatable). Guest writes go straight into the image.
+    /// `pmem0`, `pmem1`, ... (repeatable). Guest writes go straight into the image. Linux
+    /// guests see it as e820 persistent memory (`/dev/pmemN` with nd_e820 + nd_pmem).
     #[arg(long, value_name = "IMAGE")]
     pub pmem: Vec<std::path::PathBuf>,
     /// Which guest memory the host's same-page merging (KSM) may fold across VMs: `boot`

@@ -32,6 +32,13 @@ pub const CMDLINE_MAX: usize = 0x1_0000;
 const BOOT_STACK: u64 = 0x8ff0;
 /// Start of the legacy EBDA hole.
 const EBDA_START: u64 = 0x9_fc00;
+/// e820 entries that fit in the PVH memory map between `MEMMAP_ADDR` and the zero page
+/// (the zero page's own table holds 128).
+const E820_MAX_ENTRIES: usize = ((ZERO_PAGE_ADDR - MEMMAP_ADDR) / 24) as usize;
+const _: () = assert!(
+    E820_MAX_ENTRIES >= 32,
+    "room for RAM plus dozens of pmem regions"
+);
 /// Highest address an initrd may end at (the kernel's `initrd_addr_max`).
 const INITRD_MAX_END: u64 = 0x8000_0000;
 
@@ -309,7 +316,10 @@ pub fn plan(
     })
 }
 
-fn e820(low_end: u64, high: u64, high_start: u64) -> Vec<(u64, u64, u32)> {
+/// e820 type of persistent memory (ACPI 6 "PRAM"; Linux's `nd_e820` makes it `/dev/pmemN`).
+pub const E820_PMEM: u32 = 12;
+
+fn e820(low_end: u64, high: u64, high_start: u64, pmem: &[(u64, u64)]) -> Vec<(u64, u64, u32)> {
     let mut map = vec![
         (0, EBDA_START, 1),
         (EBDA_START, 0xa_0000 - EBDA_START, 2),
@@ -319,6 +329,7 @@ fn e820(low_end: u64, high: u64, high_start: u64) -> Vec<(u64, u64, u32)> {
     if high > 0 {
         map.push((high_start, high, 1));
     }
+    map.extend(pmem.iter().map(|&(gpa, size)| (gpa, size, E820_PMEM)));
     map
 }
 
@@ -345,12 +356,14 @@ fn write_cmdline(mem: &GuestMemoryMmap, cmdline: &str) -> Result<(), LinuxBootEr
 }
 
 /// Writes everything the kernel needs to find at boot and returns its entry state.
+/// `pmem` lists `(gpa, size)` ranges the e820 map declares as persistent memory.
 pub fn write_boot_data(
     mem: &GuestMemoryMmap,
     plan: &LinuxPlan,
     cmdline: &str,
     cpus: u32,
     high_start: u64,
+    pmem: &[(u64, u64)],
 ) -> Result<LinuxEntry, LinuxBootError> {
     let kernel = plan.view.bytes();
     for (gpa, range) in &plan.copies {
@@ -363,7 +376,13 @@ pub fn write_boot_data(
         mem.write_slice(&table, GuestAddress(addr))?;
     }
     gdt::write_boot_gdt(mem)?;
-    let map = e820(plan.ram.0, plan.ram.1, high_start);
+    let map = e820(plan.ram.0, plan.ram.1, high_start, pmem);
+    if map.len() > E820_MAX_ENTRIES {
+        return Err(LinuxBootError::Loader(format!(
+            "{} memory map entries, at most {E820_MAX_ENTRIES} fit the boot protocol; use fewer --pmem images",
+            map.len()
+        )));
+    }
     match plan.entry {
         KernelEntry::Pvh(_) => {
             let mut info = Vec::with_capacity(56);
@@ -452,6 +471,19 @@ impl EntryState for LinuxEntry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pmem_regions_are_persistent_memory_in_the_e820_map() {
+        let map = e820(
+            256 << 20,
+            0,
+            4 << 30,
+            &[(4 << 30, 64 << 20), (5 << 30, 8 << 20)],
+        );
+        let pmem: Vec<_> = map.iter().filter(|e| e.2 == E820_PMEM).copied().collect();
+        assert_eq!(pmem, [(4 << 30, 64 << 20, 12), (5 << 30, 8 << 20, 12)]);
+        assert!(map.iter().any(|e| e.2 == 1 && e.0 == 0x10_0000));
+    }
 
     #[test]
     fn bad_kernels_are_rejected() {
