@@ -6,78 +6,20 @@
 //!
 //! Prints a markdown fragment for docs/benchmarks.md.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use pcow::format::{Entry, EntryKind, Geometry};
+use pcow::format::Geometry;
 use pcow::{Chain, CreateOptions, FileStorage, OpenOptions, Storage};
+
+#[path = "../examples/support/mod.rs"]
+mod support;
+use support::{build_big_image, process_cpu, rss_hwm_kib};
 
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
     v[v.len() / 2]
-}
-
-fn process_cpu() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes into the valid timespec we pass.
-    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
-}
-
-fn rss_hwm_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1).and_then(|x| x.parse().ok()))
-        })
-        .unwrap_or(0)
-}
-
-/// Writes an image with `n` allocated 64 KiB clusters directly (sparse data, real metadata).
-fn build_big_image(path: &Path, n: u64) {
-    let cs = 64 << 10;
-    pcow::create_file(
-        path,
-        &CreateOptions {
-            virtual_size: n * cs,
-            cluster_size: cs,
-            backing: None,
-        },
-    )
-    .unwrap();
-    let st = FileStorage::open(path, true).unwrap();
-    let geo = Geometry::new(16).unwrap();
-    let e = geo.entries_per_meta;
-    let mut meta = vec![0u8; cs as usize];
-    let full = geo.full_bitmap();
-    let segments = n.div_ceil(e);
-    for s in 0..segments {
-        meta.fill(0);
-        for j in 0..e {
-            let slot = s * e + j;
-            if slot >= n {
-                break;
-            }
-            let entry = Entry {
-                logical: slot,
-                epoch: 1,
-                kind: EntryKind::Data,
-                seq: 1,
-                bitmap: full.clone(),
-            };
-            let at = (j * geo.pair_size()) as usize;
-            meta[at..at + geo.slot_size as usize].copy_from_slice(&entry.encode(&geo));
-        }
-        st.write_at(&meta, geo.meta_offset(s)).unwrap();
-    }
-    st.set_len(geo.data_offset(n - 1) + cs).unwrap();
-    st.flush().unwrap();
 }
 
 fn main() {
