@@ -677,12 +677,18 @@ impl Chain {
         let geo = self.geometry();
         let end = geo.data_offset(slot) + geo.cluster_size();
         let img = &mut self.images[0];
-        if img.storage().len()? < end {
-            let from = img.storage().len()?;
+        if end <= img.known_len {
+            return Ok(());
+        }
+        let len = img.storage().len()?;
+        if len < end {
             // Extend by a batch (the pre-allocation pool) so that following allocations
             // are already covered.
             let batch = geo.cluster_size() * 64;
-            img.storage().preallocate(from, end - from + batch)?;
+            img.storage().preallocate(len, end - len + batch)?;
+            img.known_len = end + batch;
+        } else {
+            img.known_len = len;
         }
         Ok(())
     }

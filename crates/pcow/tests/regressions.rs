@@ -358,3 +358,31 @@ fn safe_rebase_onto_another_base_keeps_the_view() {
     // The old base no longer matches the recorded identity.
     assert!(open_chain(&[top, a]).is_err());
 }
+
+/// Allocations keep the file long enough to map every allocated cluster, also after a
+/// compaction shrinks the file under the same open chain (the chain remembers how long the
+/// file is known to be, and must not trust that after a truncation).
+#[test]
+fn allocations_after_compaction_extend_the_file_again() {
+    let top = mem("top");
+    create_in(top.clone(), CS, 256 * CS, None);
+    let mut c = open_chain(std::slice::from_ref(&top)).unwrap();
+    let covered = |c: &Chain, top: &Arc<dyn Storage>, slot: u64| {
+        let end = c.images()[0].geometry().data_offset(slot) + CS;
+        assert!(top.len().unwrap() >= end, "slot {slot} ends past the file");
+    };
+    for logical in 0..8 {
+        let a = c.allocate(logical, AllocInit::Zeroed).unwrap();
+        covered(&c, &top, a.slot);
+    }
+    c.flush().unwrap();
+    for logical in 0..8 {
+        c.discard(logical * CS, CS).unwrap();
+    }
+    c.flush().unwrap();
+    c.compact(|_, _| {}).unwrap();
+    for logical in 100..140 {
+        let a = c.allocate(logical, AllocInit::Zeroed).unwrap();
+        covered(&c, &top, a.slot);
+    }
+}
