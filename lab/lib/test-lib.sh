@@ -69,3 +69,43 @@ wait_for_line_pid() {
   done
   return 1
 }
+
+# tmpfs_workdir DIR: mounts a fresh tmpfs on DIR (pcow images need fallocate, which the
+# initramfs's ramfs lacks) and changes into it.
+tmpfs_workdir() {
+  mkdir -p "$1" && mount -t tmpfs tmpfs "$1" || fail "cannot mount a tmpfs on $1"
+  cd "$1" || fail "cd $1"
+}
+
+# fill FILE OFFSET LEN OCTAL: overwrites LEN 4 KiB blocks of FILE from block OFFSET with
+# the byte OCTAL (e.g. 021 for 0x11); the expected contents of an image.
+fill() {
+  head -c "$(($3 * 4096))" /dev/zero | tr '\0' "\\$4" |
+    dd of="$1" bs=4096 seek="$2" conv=notrunc 2>/dev/null || fail "dd into $1"
+}
+
+# guest_pmem_script: shell text for an L2 guest script's start: waits up to 5 s for
+# /dev/pmem0 (nd_pmem probes asynchronously) and exits 3 without it.
+guest_pmem_script() {
+  echo 'i=0; while [ ! -b /dev/pmem0 ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done'
+  echo '[ -b /dev/pmem0 ] || { echo "no /dev/pmem0"; exit 3; }'
+}
+
+# run_pmem_guest LOG IMAGE MODULES SCRIPT: boots the L2 kernel with --pmem IMAGE, loads
+# MODULES (comma-separated) and runs the guest shell SCRIPT (plain text); fails unless
+# densevm exits 0 and the script reports status 0. Prints the log's DENSEVM lines.
+run_pmem_guest() {
+  _b64=$(printf '%s\n' "$4" | base64 | tr -d '\n')
+  timeout 400 densevm run --kernel "$GUEST_VMLINUX" --initrd "$GUEST_INITRD" --memory 256M \
+    --pmem "$2" --cmdline "console=ttyS0 panic=-1 quiet modules=$3 densevm.script=$_b64" > "$1" 2>&1
+  _status=$?
+  grep -E 'DENSEVM|/mnt' "$1" | head -n 20
+  [ "$_status" = 0 ] || { tail -n 30 "$1"; fail "densevm run --pmem $2 exited with $_status"; }
+  grep -q 'DENSEVM-GUEST-EXIT=0' "$1" || { tail -n 30 "$1"; fail "the guest script failed"; }
+}
+
+# guest_value LOG NAME: the value the guest printed as DENSEVM-NAME=value (the serial
+# console ends lines with CR LF).
+guest_value() {
+  tr -d '\r' < "$1" | sed -n "s/.*DENSEVM-$2=\\(.*\\)\$/\\1/p" | head -n 1
+}

@@ -8,15 +8,8 @@
 . "$LAB_SRC/lib/test-lib.sh"
 need_cmd densevm
 [ -c /dev/kvm ] || fail "/dev/kvm missing in L1"
-dir=/tmp/pmem-cow
-mkdir -p "$dir" && mount -t tmpfs tmpfs "$dir" || fail "cannot mount a tmpfs on $dir"
-cd "$dir" || fail "cd $dir"
+tmpfs_workdir /tmp/pmem-cow
 
-# fill FILE OFFSET LEN OCTAL: writes LEN bytes of value OCTAL at OFFSET (4 KiB units).
-fill() {
-  head -c "$(($3 * 4096))" /dev/zero | tr '\0' "\\$4" |
-    dd of="$1" bs=4096 seek="$2" conv=notrunc 2>/dev/null || fail "dd into $1"
-}
 raw() { # raw IMAGE OUT: the image's guest-visible bytes
   densevm image convert -f pcow -O raw "$1" "$2" || fail "convert $1 to raw"
 }

@@ -9,34 +9,25 @@ need_cmd densevm
 need_file "$GUEST_VMLINUX" "$GUEST_INITRD"
 [ -c /dev/kvm ] || fail "/dev/kvm missing in L1"
 dir=/tmp/pmem-dax-share
-mkdir -p "$dir" && mount -t tmpfs tmpfs "$dir" || fail "cannot mount a tmpfs on $dir"
-cd "$dir" || fail "cd $dir"
+tmpfs_workdir "$dir"
 MODULES=nd_e820,nd_pmem,crc32c_generic,ext4
 b64() { base64 | tr -d '\n'; }
-WAIT_PMEM='i=0; while [ ! -b /dev/pmem0 ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done'
 
 densevm image create base.pcow 64M || fail "image create"
-MAKE_FS=$(b64 <<SH
-$WAIT_PMEM
-mke2fs -b 4096 /dev/pmem0 > /dev/null || exit 3
-mkdir -p /mnt && mount -t ext2 -o dax /dev/pmem0 /mnt || exit 4
-head -c 8388608 /dev/zero | tr '\0' 'B' > /mnt/file || exit 5
-umount /mnt || exit 6
-SH
-)
-timeout 400 densevm run --kernel "$GUEST_VMLINUX" --initrd "$GUEST_INITRD" --memory 256M \
-  --pmem base.pcow --cmdline "console=ttyS0 panic=-1 quiet modules=$MODULES densevm.script=$MAKE_FS" \
-  > /tmp/mkfs.log 2>&1 || { tail -n 20 /tmp/mkfs.log; fail "the VM that builds the base filesystem failed"; }
+run_pmem_guest /tmp/mkfs.log base.pcow "$MODULES" "$(guest_pmem_script)
+mke2fs -b 4096 /dev/pmem0 > /dev/null || exit 4
+mkdir -p /mnt && mount -t ext2 -o dax /dev/pmem0 /mnt || exit 5
+head -c 8388608 /dev/zero | tr '\\0' 'B' > /mnt/file || exit 6
+umount /mnt || exit 7"
 
-READ_FILE=$(b64 <<'SH'
-i=0; while [ ! -b /dev/pmem0 ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+READ_FILE=$( (guest_pmem_script; cat <<'SH'
 mkdir -p /mnt && mount -t ext2 -o dax,ro /dev/pmem0 /mnt || exit 3
 c0=$(awk '/^Cached:/ { print $2 }' /proc/meminfo)
 cat /mnt/file > /dev/null || exit 4
 c1=$(awk '/^Cached:/ { print $2 }' /proc/meminfo)
 echo "DENSEVM-DAX-CACHED-KB=$((c1 - c0))"
 SH
-)
+) | b64)
 pids=""
 for i in 1 2; do
   densevm image create "top$i.pcow" 64M -b base.pcow > /dev/null || fail "image create top$i"
@@ -52,9 +43,9 @@ done
 ok=1
 i=1
 for pid in $pids; do
-  cached=$(sed -n 's/.*DENSEVM-DAX-CACHED-KB=\(-*[0-9]*\).*/\1/p' "/tmp/share$i.log" | head -n 1)
+  cached=$(guest_value "/tmp/share$i.log" DAX-CACHED-KB)
   set -- $(mapping_kb "$pid" "$dir/base.pcow")
-  echo "VM $i: guest page cache +${cached} kB; base.pcow mapping rss $1 kB pss $2 kB"
+  echo "VM $i: guest page cache change ${cached} kB; base.pcow mapping rss $1 kB pss $2 kB"
   [ "${cached:-99999}" -lt 2048 ] || ok=0
   [ "$1" -ge 8192 ] || ok=0
   [ $(( $2 * 100 )) -le $(( $1 * 60 )) ] || ok=0

@@ -9,47 +9,33 @@
 need_cmd densevm
 need_file "$GUEST_VMLINUX" "$GUEST_INITRD"
 [ -c /dev/kvm ] || fail "/dev/kvm missing in L1"
-dir=/tmp/pmem-dax
-mkdir -p "$dir" && mount -t tmpfs tmpfs "$dir" || fail "cannot mount a tmpfs on $dir"
-cd "$dir" || fail "cd $dir"
+tmpfs_workdir /tmp/pmem-dax
 densevm image create fs.pcow 64M || fail "image create"
 
-GUEST_SCRIPT=$(cat <<'SH' | base64 | tr -d '\n'
-i=0; while [ ! -b /dev/pmem0 ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
-[ -b /dev/pmem0 ] || { echo "no /dev/pmem0"; exit 3; }
-cached() { awk '/^Cached:/ { print $2 }' /proc/meminfo; }
+log=/tmp/pmem-dax.log
+run_pmem_guest "$log" fs.pcow nd_e820,nd_pmem,crc32c_generic,ext4 "$(guest_pmem_script)
+cached() { awk '/^Cached:/ { print \$2 }' /proc/meminfo; }
 mke2fs -b 4096 /dev/pmem0 > /dev/null || exit 4
 mkdir -p /mnt
 mount -t ext2 -o dax /dev/pmem0 /mnt || { dmesg | tail -n 5; exit 5; }
 grep ' /mnt ' /proc/mounts
 echo 3 > /proc/sys/vm/drop_caches
-c0=$(cached)
-head -c 8388608 /dev/zero | tr '\0' 'D' > /mnt/file || exit 6
+c0=\$(cached)
+head -c 8388608 /dev/zero | tr '\\0' 'D' > /mnt/file || exit 6
 sync
 cat /mnt/file > /dev/null; cat /mnt/file > /dev/null
-c1=$(cached)
-echo "DENSEVM-DAX-CACHED-KB=$((c1 - c0))"
+c1=\$(cached)
+echo \"DENSEVM-DAX-CACHED-KB=\$((c1 - c0))\"
 umount /mnt || exit 7
 mount -t ext2 /dev/pmem0 /mnt || exit 8
 echo 3 > /proc/sys/vm/drop_caches
-c2=$(cached)
+c2=\$(cached)
 cat /mnt/file > /dev/null
-c3=$(cached)
-echo "DENSEVM-NODAX-CACHED-KB=$((c3 - c2))"
-umount /mnt || exit 9
-exit 0
-SH
-)
-log=/tmp/pmem-dax.log
-timeout 400 densevm run --kernel "$GUEST_VMLINUX" --initrd "$GUEST_INITRD" --memory 256M \
-  --pmem fs.pcow --cmdline "console=ttyS0 panic=-1 quiet modules=nd_e820,nd_pmem,crc32c_generic,ext4 densevm.script=$GUEST_SCRIPT" \
-  > "$log" 2>&1
-status=$?
-grep -E 'DENSEVM|/mnt|dax|DAX' "$log" | head -n 20
-[ "$status" = 0 ] || { tail -n 30 "$log"; fail "densevm exited with $status"; }
-grep -q 'DENSEVM-GUEST-EXIT=0' "$log" || { tail -n 30 "$log"; fail "the guest script failed"; }
-dax=$(sed -n 's/.*DENSEVM-DAX-CACHED-KB=\(-*[0-9]*\).*/\1/p' "$log" | head -n 1)
-nodax=$(sed -n 's/.*DENSEVM-NODAX-CACHED-KB=\(-*[0-9]*\).*/\1/p' "$log" | head -n 1)
+c3=\$(cached)
+echo \"DENSEVM-NODAX-CACHED-KB=\$((c3 - c2))\"
+umount /mnt || exit 9"
+dax=$(guest_value "$log" DAX-CACHED-KB)
+nodax=$(guest_value "$log" NODAX-CACHED-KB)
 [ -n "$dax" ] && [ -n "$nodax" ] || fail "the guest did not report its page cache growth"
 echo "guest page cache growth reading an 8 MiB file: DAX ${dax} kB, without DAX ${nodax} kB"
 [ "$dax" -lt 2048 ] || fail "with DAX the guest page cache grew by ${dax} kB (the file is 8192 kB)"
