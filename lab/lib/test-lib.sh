@@ -109,3 +109,11 @@ run_pmem_guest() {
 guest_value() {
   tr -d '\r' < "$1" | sed -n "s/.*DENSEVM-$2=\\(.*\\)\$/\\1/p" | head -n 1
 }
+
+# need_l2_densevm: what every densevm L2 test needs in L1 (densevm, the L2 kernel and
+# initrd, /dev/kvm); fails naming what is missing.
+need_l2_densevm() {
+  need_cmd densevm
+  need_file "$GUEST_VMLINUX" "$GUEST_INITRD"
+  [ -c /dev/kvm ] || fail "/dev/kvm missing in L1"
+}

@@ -5,9 +5,7 @@
 # stay up. Checks: neither guest page cache holds the file; in each VMM the base image's
 # mapping has the file resident with PSS about half its RSS (one host copy for both VMs).
 . "$LAB_SRC/lib/test-lib.sh"
-need_cmd densevm
-need_file "$GUEST_VMLINUX" "$GUEST_INITRD"
-[ -c /dev/kvm ] || fail "/dev/kvm missing in L1"
+need_l2_densevm
 dir=/tmp/pmem-dax-share
 tmpfs_workdir "$dir"
 MODULES=nd_e820,nd_pmem,crc32c_generic,ext4

@@ -6,9 +6,7 @@
 # without DAX, reading it does fill the guest page cache (the control). The host then finds
 # the file's bytes in the image, which checks clean.
 . "$LAB_SRC/lib/test-lib.sh"
-need_cmd densevm
-need_file "$GUEST_VMLINUX" "$GUEST_INITRD"
-[ -c /dev/kvm ] || fail "/dev/kvm missing in L1"
+need_l2_densevm
 tmpfs_workdir /tmp/pmem-dax
 densevm image create fs.pcow 64M || fail "image create"
 

@@ -5,9 +5,7 @@
 # bytes, its writes over them are copied up through the read-only KVM slots, its writes
 # past them expand the overlay thinly, and the base stays unchanged.
 . "$LAB_SRC/lib/test-lib.sh"
-need_cmd densevm
-need_file "$GUEST_VMLINUX" "$GUEST_INITRD"
-[ -c /dev/kvm ] || fail "/dev/kvm missing in L1"
+need_l2_densevm
 tmpfs_workdir /tmp/pmem-linux
 
 densevm image create base.pcow 16M || fail "image create"
