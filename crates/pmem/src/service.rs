@@ -186,16 +186,9 @@ const ZERO_AHEAD: u64 = 128;
 /// The image's tail at open (first slot of the free run that ends the entry table and lies
 /// beyond the file's end): where the first `Zeroed` allocation lands.
 pub(crate) fn initial_tail(inner: &Inner) -> u64 {
-    // SAFETY: an all-zero stat is a valid buffer for fstat to fill.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: fstat into a stat buffer we own.
-    let len = if unsafe { libc::fstat(inner.fds[0], &mut st) } == 0 {
-        st.st_size as u64
-    } else {
-        0
-    };
     let c = inner.chain.read();
     let img = &c.images()[0];
+    let len = img.storage().len().unwrap_or(0);
     let geo = img.geometry();
     let mut s = img.slot_count();
     while s > 0 && img.slot(s - 1).kind == pcow::EntryKind::Free && geo.data_offset(s - 1) >= len {
@@ -249,13 +242,7 @@ fn stage(inner: &Inner, zeroed_to: u64) -> crate::Result<()> {
 /// touches free slots, whose data nobody reads. Returns the next slot to fill.
 fn zero_fill(inner: &Inner, mut slot: u64, count: u64) -> crate::Result<u64> {
     let zeros = vec![0u8; inner.cluster as usize];
-    // SAFETY: an all-zero stat is a valid buffer for fstat to fill.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: fstat into a stat buffer we own.
-    if unsafe { libc::fstat(inner.fds[0], &mut st) } != 0 {
-        return Err(crate::error::sys("fstat of the top image", 0, 0));
-    }
-    let file_len = st.st_size as u64;
+    let file_len = inner.chain.read().images()[0].storage().len()?;
     let end = slot + count;
     while slot < end {
         let _faults = inner.state.lock().unwrap_or_else(|p| p.into_inner());
