@@ -44,7 +44,7 @@ pub enum Payload {
 
 /// A guest-physical region whose host memory another component maps and serves
 /// (a pcow pmem region): densevm places it above RAM and registers it with KVM.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct ExternalRegion {
     /// Name (`pmem0`, `pmem1`, ...), addressable by the probe script.
     pub name: String,
@@ -56,6 +56,9 @@ pub struct ExternalRegion {
     /// and base images): guest writes there reach the VMM as MMIO writes, which the
     /// region's [`crate::write_fault`] handler serves.
     pub kvm_readonly: Vec<(u64, u64)>,
+    /// Serves vCPU writes into the region that KVM cannot complete (offsets are relative to
+    /// the region); registered at the region's guest-physical place for the VM's lifetime.
+    pub write_fault: Option<crate::write_fault::Handler>,
 }
 
 /// Alignment of external regions in guest-physical space.
@@ -326,6 +329,15 @@ pub fn run_vm(config: VmConfig) -> Result<RunOutcome, VmmError> {
             },
         });
     }
+    let _write_fault_hooks: Vec<crate::write_fault::Registration> = config
+        .external_regions
+        .iter()
+        .zip(&placed)
+        .filter_map(|(region, &(_, gpa, size))| {
+            let handler = region.write_fault.clone()?;
+            Some(crate::write_fault::register(gpa, size, handler))
+        })
+        .collect();
     let memory = GuestMemory::new(specs)?;
     let merged = memory.advise_merge(config.merge)?;
     tracing::debug!("{merged} bytes of guest memory marked for same-page merging");

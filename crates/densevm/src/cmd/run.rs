@@ -184,7 +184,7 @@ pub fn main(args: RunArgs) -> anyhow::Result<i32> {
         Some(s) => Some(Duration::from_secs_f64(s)),
         None => None,
     };
-    let pmem = PmemRegions::open(&args.pmem, args.memory)?;
+    let pmem = PmemRegions::open(&args.pmem)?;
     let config = VmConfig {
         memory_bytes: args.memory,
         cpus: args.cpus,
@@ -225,16 +225,14 @@ pub fn main(args: RunArgs) -> anyhow::Result<i32> {
     Ok(outcome.end.exit_code())
 }
 
-/// The `--pmem` images of a run: mapped regions and their vCPU write-fault hooks.
+/// The `--pmem` images of a run: the mapped regions.
 struct PmemRegions {
     regions: Vec<(std::path::PathBuf, densevm_pmem::PmemRegion)>,
-    _hooks: Vec<densevm_vmm::write_fault::Registration>,
 }
 
 impl PmemRegions {
-    /// Opens and maps every image; registers each region's copy-up hook at the guest-physical
-    /// address the VMM will place it at.
-    fn open(images: &[std::path::PathBuf], memory: u64) -> anyhow::Result<Self> {
+    /// Opens and maps every image.
+    fn open(images: &[std::path::PathBuf]) -> anyhow::Result<Self> {
         let mut regions = Vec::new();
         for path in images {
             let opts = pcow::OpenOptions {
@@ -252,34 +250,32 @@ impl PmemRegions {
                     .with_context(|| format!("cannot map --pmem image {}", path.display()))?;
             regions.push((path.clone(), region));
         }
-        let mut this = PmemRegions {
-            regions,
-            _hooks: Vec::new(),
-        };
-        let placed = densevm_vmm::place_external_regions(memory, &this.external_regions());
-        for ((_, region), (_, gpa, size)) in this.regions.iter().zip(placed) {
-            let handle = region.write_fault_handle();
-            let hook = std::sync::Arc::new(move |offset: u64, data: Option<&[u8]>| {
-                handle
-                    .guest_write(offset, data)
-                    .map_err(|e| tracing::error!("pmem: guest write at offset {offset:#x}: {e}"))
-                    .is_ok()
-            });
-            this._hooks
-                .push(densevm_vmm::write_fault::register(gpa, size, hook));
-        }
-        Ok(this)
+        Ok(PmemRegions { regions })
     }
 
+    /// The regions as the VMM places them, each with its copy-up hook for vCPU writes.
     fn external_regions(&self) -> Vec<densevm_vmm::ExternalRegion> {
         self.regions
             .iter()
             .enumerate()
-            .map(|(i, (_, r))| densevm_vmm::ExternalRegion {
-                name: format!("pmem{i}"),
-                host_addr: r.host_addr(),
-                size: r.size(),
-                kvm_readonly: r.lower_layer_ranges().to_vec(),
+            .map(|(i, (_, r))| {
+                let handle = r.write_fault_handle();
+                let hook: densevm_vmm::write_fault::Handler =
+                    std::sync::Arc::new(move |offset: u64, data: Option<&[u8]>| {
+                        handle
+                            .guest_write(offset, data)
+                            .map_err(|e| {
+                                tracing::error!("pmem: guest write at offset {offset:#x}: {e}")
+                            })
+                            .is_ok()
+                    });
+                densevm_vmm::ExternalRegion {
+                    name: format!("pmem{i}"),
+                    host_addr: r.host_addr(),
+                    size: r.size(),
+                    kvm_readonly: r.lower_layer_ranges().to_vec(),
+                    write_fault: Some(hook),
+                }
             })
             .collect()
     }
