@@ -15,12 +15,28 @@ guest: build
 lab: guest
 	DENSEVM=$(LAB_DENSEVM) lab/run $(LAB_SCRIPT)
 
+# Each test's output is kept in build/lab/tests/NAME.out; a failed test's last lines are
+# repeated at the end so that the tail of a CI log says why it failed. A run whose L1 died
+# before the script reported its exit code (QEMU or the L1 kernel crashed) is repeated once;
+# a script's own failure and an L1 timeout are not.
 test-lab: guest test-kernel-real
-	@failed=""; for t in $(LAB_TESTS); do \
-	  echo "== lab test $$t"; \
-	  DENSEVM=$(LAB_DENSEVM) lab/run $$t || failed="$$failed $$t"; \
+	@mkdir -p build/lab/tests; failed=""; for t in $(LAB_TESTS); do \
+	  echo "== lab test $$t"; out=build/lab/tests/$$(basename $$t .sh).out; \
+	  DENSEVM=$(LAB_DENSEVM) lab/run $$t 2>&1 | tee $$out; \
+	  if grep -q "^lab: error: L1 ended" $$out; then \
+	    echo "lab: L1 died before the script ended (not a test verdict); running $$t once more"; \
+	    DENSEVM=$(LAB_DENSEVM) lab/run $$t 2>&1 | tee $$out; \
+	  fi; \
+	  grep -q "^lab: script exited with 0 after" $$out || failed="$$failed $$t"; \
 	done; \
-	if [ -n "$$failed" ]; then echo "lab tests FAILED:$$failed"; exit 1; fi; \
+	if [ -n "$$failed" ]; then \
+	  for t in $$failed; do \
+	    out=build/lab/tests/$$(basename $$t .sh).out; \
+	    echo "== why $$t failed ($$out):"; \
+	    grep -m 3 -e "^FAIL" -e "^lab: error" $$out; tail -n 10 $$out; \
+	  done; \
+	  echo "lab tests FAILED:$$failed"; exit 1; \
+	fi; \
 	echo "lab tests passed: $(words $(LAB_TESTS))"
 
 # Checks densevm-kernel against the real Debian bzImage and vmlinux.
