@@ -24,15 +24,30 @@ pub(crate) struct Counters {
     pub uffd_write_faults: AtomicU64,
     pub segv_faults: AtomicU64,
     pub guest_hook_faults: AtomicU64,
+    pub guest_writes_already_writable: AtomicU64,
     pub raced: AtomicU64,
     pub staged_hits: AtomicU64,
     pub spin_hits: AtomicU64,
 }
 
-/// Copied units not yet recorded in the image (made valid at the next flush).
+/// Copied units not yet recorded in the image (made valid at the next flush), and which
+/// read-only lower-layer pages have been copied up since the region was mapped.
 #[derive(Default)]
 pub(crate) struct State {
     pub copied: HashMap<u64, [u64; 8]>,
+    /// `(offset, len)` mapped read-only from lower layers when the region was mapped.
+    pub initial_readonly: Vec<(u64, u64)>,
+    /// `(offset, len)` copied up since then (merged lazily by [`Inner::readonly_ranges`]).
+    pub copied_up: Vec<(u64, u64)>,
+}
+
+/// Whether a write fault had to change the mapping.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum WriteFault {
+    /// The page was allocated or copied up and is now mapped writable.
+    Served,
+    /// The page was already writable (a racing fault, or a copy-up served earlier).
+    AlreadyWritable,
 }
 
 /// Everything the fault paths need; shared by the region, its threads and hook handles.
@@ -154,7 +169,7 @@ impl Inner {
     /// Serves a write to region offset `offset`: after it returns Ok, the page is mapped
     /// writable from the top file. Idempotent and safe to call from many threads at once:
     /// each cluster is allocated, and each unit copied, exactly once.
-    pub fn write_fault(&self, offset: u64) -> Result<()> {
+    pub fn write_fault(&self, offset: u64) -> Result<WriteFault> {
         if offset >= self.size {
             return Err(PmemError::OutOfRegion {
                 addr: self.base + offset,
@@ -177,14 +192,25 @@ impl Inner {
                 if l.unit_valid(unit) || bit(&copied, unit) {
                     // A racing fault already served this page.
                     self.counters.raced.fetch_add(1, Ordering::Relaxed);
-                    return Ok(());
+                    return Ok(WriteFault::AlreadyWritable);
                 }
-                self.copy_on_write(&mut state, logical, unit, Some(l.bitmap), copied)
+                self.copy_on_write(&mut state, logical, unit, Some(l.bitmap), copied)?;
             }
-            None => self.expand(logical, offset),
-            Some(l) if l.kind == EntryKind::Zero => self.expand(logical, offset),
-            Some(_) => self.copy_on_write(&mut state, logical, unit, None, copied),
+            None => self.expand(logical, offset)?,
+            Some(l) if l.kind == EntryKind::Zero => self.expand(logical, offset)?,
+            Some(_) => self.copy_on_write(&mut state, logical, unit, None, copied)?,
         }
+        Ok(WriteFault::Served)
+    }
+
+    /// The `(offset, len)` ranges still mapped read-only from lower layers: those of the
+    /// initial mapping minus every page copied up since. Sorted and disjoint.
+    pub fn readonly_ranges(&self) -> Vec<(u64, u64)> {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let merged = merge_ranges(std::mem::take(&mut state.copied_up));
+        let now = subtract_ranges(&state.initial_readonly, &merged);
+        state.copied_up = merged;
+        now
     }
 
     /// Thin expansion of `logical` for a write at region offset `offset`: allocate a zeroed
@@ -264,6 +290,9 @@ impl Inner {
                 file_offset: file_off,
                 writable: true,
             })?;
+            state
+                .copied_up
+                .push((logical * self.cluster + first * UNIT_SIZE, n * UNIT_SIZE));
             for u in &units[i..j] {
                 bits[(u / 64) as usize] |= 1 << (u % 64);
             }
@@ -331,6 +360,46 @@ impl Inner {
     }
 }
 
+/// Sorts `ranges` and merges the overlapping and touching ones.
+pub(crate) fn merge_ranges(mut ranges: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
+    ranges.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
+    for (off, len) in ranges {
+        match out.last_mut() {
+            Some(last) if off <= last.0 + last.1 => {
+                last.1 = last.1.max(off + len - last.0);
+            }
+            _ => out.push((off, len)),
+        }
+    }
+    out
+}
+
+/// `from` minus `holes`; both sorted and disjoint.
+pub(crate) fn subtract_ranges(from: &[(u64, u64)], holes: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut out = Vec::with_capacity(from.len());
+    let mut h = 0;
+    for &(off, len) in from {
+        let (mut cur, end) = (off, off + len);
+        while h < holes.len() && holes[h].0 + holes[h].1 <= cur {
+            h += 1;
+        }
+        let mut i = h;
+        while cur < end && i < holes.len() && holes[i].0 < end {
+            let (hs, he) = (holes[i].0, holes[i].0 + holes[i].1);
+            if hs > cur {
+                out.push((cur, hs - cur));
+            }
+            cur = cur.max(he);
+            i += 1;
+        }
+        if cur < end {
+            out.push((cur, end - cur));
+        }
+    }
+    out
+}
+
 pub(crate) fn pwrite_all(fd: RawFd, buf: &[u8], offset: u64) -> Result<()> {
     let mut done = 0usize;
     while done < buf.len() {
@@ -352,4 +421,34 @@ pub(crate) fn pwrite_all(fd: RawFd, buf: &[u8], offset: u64) -> Result<()> {
         done += n as usize;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{merge_ranges, subtract_ranges};
+
+    #[test]
+    fn merge_sorts_and_joins_touching_and_overlapping_ranges() {
+        assert_eq!(
+            merge_ranges(vec![(8, 4), (0, 4), (4, 2), (20, 1), (10, 5)]),
+            vec![(0, 6), (8, 7), (20, 1)]
+        );
+        assert_eq!(merge_ranges(vec![]), vec![]);
+    }
+
+    #[test]
+    fn subtract_punches_holes_and_drops_covered_ranges() {
+        let from = [(0, 10), (20, 10), (40, 10)];
+        assert_eq!(
+            subtract_ranges(&from, &[(2, 3), (8, 14), (45, 100)]),
+            vec![(0, 2), (5, 3), (22, 8), (40, 5)]
+        );
+        assert_eq!(subtract_ranges(&from, &[]), from.to_vec());
+        assert_eq!(subtract_ranges(&from, &[(0, 100)]), vec![]);
+        // A hole spanning two ranges, and holes between ranges.
+        assert_eq!(
+            subtract_ranges(&from, &[(12, 2), (25, 20)]),
+            vec![(0, 10), (20, 5), (45, 5)]
+        );
+    }
 }

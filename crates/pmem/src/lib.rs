@@ -27,7 +27,7 @@ mod staging;
 pub mod uffd;
 
 pub use error::{PmemError, Result};
-pub use region::{MapOptions, PmemRegion, PmemStats, WriteFaultHandle};
+pub use region::{GuestWrite, MapOptions, PmemRegion, PmemStats, WriteFaultHandle};
 
 /// The pool refill thread runs after this many allocations.
 pub(crate) const REFILL_EVERY: u64 = 32;

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use pcow::{EntryKind, SharedChain, UNIT_SIZE};
 
 use crate::error::{sys, PmemError, Result};
-use crate::fault::{push_run, Counters, Inner, Run, State, PAGE};
+use crate::fault::{push_run, Counters, Inner, Run, State, WriteFault, PAGE};
 use crate::staging::Staging;
 use crate::uffd::{Uffd, REGISTER_MISSING, REGISTER_WP};
 use crate::{segv, service};
@@ -67,6 +67,9 @@ pub struct PmemStats {
     pub segv_faults: u64,
     /// Write faults reported by the VMM for vCPUs ([`WriteFaultHandle`]).
     pub guest_hook_faults: u64,
+    /// Of those, the writes whose pages were all writable already (the VMM's read-only
+    /// slots were out of date, or another vCPU served the page first).
+    pub guest_writes_already_writable: u64,
     /// Faults found already served by a racing fault.
     pub raced: u64,
     /// Expansions served by moving a staged (pre-mapped, pre-faulted) pool cluster.
@@ -92,6 +95,15 @@ pub struct PmemRegion {
     lower_ranges: Vec<(u64, u64)>,
 }
 
+/// What [`WriteFaultHandle::guest_write`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GuestWrite {
+    /// At least one page was allocated or copied up.
+    Served,
+    /// Every page was writable already; only the bytes (if any) were stored.
+    AlreadyWritable,
+}
+
 /// A cheap, cloneable handle for the VMM's vCPU exit path (see
 /// [`WriteFaultHandle::guest_write`]).
 #[derive(Clone)]
@@ -105,8 +117,10 @@ impl WriteFaultHandle {
     /// `EFAULT`/`KVM_EXIT_MEMORY_FAULT`. Copies the page up and maps it writable. If `data`
     /// is given (the MMIO exit's bytes, which KVM considers written once the exit returns),
     /// they are stored into the region; otherwise the caller re-runs the vCPU so the guest
-    /// retries the store.
-    pub fn guest_write(&self, offset: u64, data: Option<&[u8]>) -> Result<()> {
+    /// retries the store. Returns [`GuestWrite::AlreadyWritable`] when every page the write
+    /// touches was writable already: the VMM's read-only view of the page is out of date
+    /// (see [`WriteFaultHandle::readonly_ranges`]).
+    pub fn guest_write(&self, offset: u64, data: Option<&[u8]>) -> Result<GuestWrite> {
         self.inner
             .counters
             .guest_hook_faults
@@ -120,9 +134,12 @@ impl WriteFaultHandle {
                 base: self.inner.base,
                 size: self.inner.size,
             })?;
+        let mut outcome = GuestWrite::AlreadyWritable;
         let mut page = offset & !(PAGE - 1);
         while page < end {
-            self.inner.write_fault(page)?;
+            if self.inner.write_fault(page)? == WriteFault::Served {
+                outcome = GuestWrite::Served;
+            }
             page += PAGE;
         }
         if let Some(d) = data {
@@ -135,7 +152,21 @@ impl WriteFaultHandle {
                 );
             }
         }
-        Ok(())
+        if outcome == GuestWrite::AlreadyWritable {
+            self.inner
+                .counters
+                .guest_writes_already_writable
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(outcome)
+    }
+
+    /// The `(offset, len)` ranges that are still read-only lower-layer pages: those of
+    /// [`PmemRegion::lower_layer_ranges`] minus every page copied up since. A VMM that maps
+    /// lower layers read-only for its vCPUs re-registers its slots from this, so writes to
+    /// copied-up pages stop exiting. Sorted and disjoint.
+    pub fn readonly_ranges(&self) -> Vec<(u64, u64)> {
+        self.inner.readonly_ranges()
     }
     /// Size of the region in bytes.
     pub fn size(&self) -> u64 {
@@ -351,6 +382,17 @@ impl PmemRegion {
                 threads.push(t);
             }
         }
+        let lower_ranges: Vec<(u64, u64)> = runs
+            .iter()
+            .filter(|r| !r.writable)
+            .map(|r| (r.offset, r.len.min(size - r.offset.min(size))))
+            .filter(|&(_, len)| len > 0)
+            .collect();
+        inner
+            .state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .initial_readonly = lower_ranges.clone();
         Ok(PmemRegion {
             inner,
             uffd,
@@ -360,12 +402,7 @@ impl PmemRegion {
             threads,
             startup: started.elapsed(),
             initial_runs: runs.len(),
-            lower_ranges: runs
-                .iter()
-                .filter(|r| !r.writable)
-                .map(|r| (r.offset, r.len.min(size - r.offset.min(size))))
-                .filter(|&(_, len)| len > 0)
-                .collect(),
+            lower_ranges,
         })
     }
 
@@ -396,7 +433,8 @@ impl PmemRegion {
     /// The `(offset, len)` ranges mapped read-only from snapshots and base images at
     /// start-up: a VMM maps them read-only for its vCPUs too (`KVM_MEM_READONLY`), so a
     /// guest write there reaches [`WriteFaultHandle::guest_write`] on every KVM flavour.
-    /// Pages copied up later stay inside these ranges; their writes keep exiting.
+    /// Pages copied up later stay inside these ranges until the VMM re-registers its slots
+    /// from [`WriteFaultHandle::readonly_ranges`].
     pub fn lower_layer_ranges(&self) -> &[(u64, u64)] {
         &self.lower_ranges
     }
@@ -409,7 +447,7 @@ impl PmemRegion {
     /// Serves a write to region offset `offset` now (as a fault would), e.g. before a device
     /// thread writes through the mapping.
     pub fn prepare_write(&self, offset: u64) -> Result<()> {
-        self.inner.write_fault(offset)
+        self.inner.write_fault(offset).map(|_| ())
     }
     /// Acknowledges every write completed so far: copied data durable, then the bitmaps
     /// recorded, then durable (docs/pcow.md, sync point).
@@ -428,6 +466,7 @@ impl PmemRegion {
             uffd_write_faults: g(&c.uffd_write_faults),
             segv_faults: g(&c.segv_faults),
             guest_hook_faults: g(&c.guest_hook_faults),
+            guest_writes_already_writable: g(&c.guest_writes_already_writable),
             raced: g(&c.raced),
             staged_hits: g(&c.staged_hits),
             spin_hits: g(&c.spin_hits),

@@ -90,7 +90,7 @@ fn serve_pending(inner: &Inner, uffd: &Uffd, requests: &OwnedFd) -> Option<u64> 
     while let Some(req) = read_request(requests) {
         inner.counters.segv_faults.fetch_add(1, Ordering::Relaxed);
         let value = match inner.offset_of(req.addr).and_then(|o| inner.write_fault(o)) {
-            Ok(()) => DONE_OK,
+            Ok(_) => DONE_OK,
             Err(e) => {
                 tracing::error!("pmem: write fault at {:#x} not served: {e}", req.addr);
                 DONE_FAILED

@@ -5,7 +5,10 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{assert_clean, create, fill, map, open, read_chain, slice, tmpdir, CLUSTER, MIB};
+use common::{
+    assert_clean, create, fill, map, open, read_chain, slice, tmpdir, CLUSTER, MIB, PAGE,
+};
+use densevm_pmem::GuestWrite;
 
 #[test]
 fn reads_allocate_nothing_and_writes_expand_thinly() {
@@ -114,6 +117,62 @@ fn writes_over_a_base_image_leave_the_base_untouched() {
         assert!(page[1..].iter().all(|&b| b == 0x44), "page {i}");
     }
     assert_eq!(read_chain(&top, 2 * MIB, 2), vec![0x66, 0]);
+    assert_clean(&top);
+    assert_clean(&base);
+}
+
+#[test]
+fn copied_up_pages_leave_the_readonly_ranges() {
+    let dir = tmpdir("readonly-ranges");
+    let base = dir.join("base.pcow");
+    create(&base, 16 * MIB, None);
+    fill(&base, MIB, 0x44);
+    let top = dir.join("top.pcow");
+    create(&top, 16 * MIB, Some("base.pcow"));
+    {
+        let r = map(&top);
+        assert_eq!(r.lower_layer_ranges(), &[(0, MIB)]);
+        let h = r.write_fault_handle();
+        assert_eq!(h.readonly_ranges(), vec![(0, MIB)]);
+        // A vCPU write (the VMM's exit path) copies page 2 up.
+        assert_eq!(
+            h.guest_write(2 * PAGE + 8, Some(&[1, 2, 3, 4])).unwrap(),
+            GuestWrite::Served
+        );
+        assert_eq!(
+            h.readonly_ranges(),
+            vec![(0, 2 * PAGE), (3 * PAGE, MIB - 3 * PAGE)]
+        );
+        // A second exit on that page finds it writable: the VMM's view is stale.
+        assert_eq!(
+            h.guest_write(2 * PAGE + 100, Some(&[9])).unwrap(),
+            GuestWrite::AlreadyWritable
+        );
+        assert_eq!(r.stats().guest_writes_already_writable, 1);
+        // A host thread's write (SIGSEGV path) copies page 5 up.
+        slice(&r)[5 * PAGE as usize] = 0x55;
+        assert_eq!(
+            h.readonly_ranges(),
+            vec![
+                (0, 2 * PAGE),
+                (3 * PAGE, 2 * PAGE),
+                (6 * PAGE, MIB - 6 * PAGE)
+            ]
+        );
+        // The lower-layer ranges of the initial mapping are what the VMM started from.
+        assert_eq!(r.lower_layer_ranges(), &[(0, MIB)]);
+        for page in (0..MIB).step_by(PAGE as usize) {
+            h.guest_write(page, None).unwrap();
+        }
+        assert_eq!(h.readonly_ranges(), Vec::<(u64, u64)>::new());
+        r.flush().unwrap();
+    }
+    let data = read_chain(&top, 0, MIB as usize);
+    let mut expect = vec![0x44u8; MIB as usize];
+    expect[2 * PAGE as usize + 8..2 * PAGE as usize + 12].copy_from_slice(&[1, 2, 3, 4]);
+    expect[2 * PAGE as usize + 100] = 9;
+    expect[5 * PAGE as usize] = 0x55;
+    assert!(data == expect, "image content");
     assert_clean(&top);
     assert_clean(&base);
 }
