@@ -232,3 +232,58 @@ fn three_vcpus_fault_copy_on_write_and_expansion_concurrently() {
     drop(c);
     check_clean(&img);
 }
+
+#[test]
+fn writes_to_copied_up_pages_stop_exiting_once_the_slots_are_refreshed() {
+    let dir = tmpdir("refresh");
+    let base = dir.join("base.pcow");
+    create(&base, "16M", None);
+    run(&[&base], "write pmem0 0 256K 0x44; exit 0");
+    let top = dir.join("top.pcow");
+    create(&top, "16M", Some("base.pcow"));
+    // Two passes of 8-byte stores over 64 base pages, with a second vCPU spinning in the
+    // guest (every slot refresh must get it out of KVM_RUN and park it).
+    let out = run_probe(&[
+        "--cpus",
+        "2",
+        "--json",
+        "--pmem",
+        top.to_str().unwrap(),
+        "--probe",
+        "write pmem0 0 256K 0x55; write pmem0 0 256K 0x66; sum pmem0 0 256K; exit 0",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "stderr: {}", stderr(&out));
+    let doc: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let pmem = &doc["pmem"][0];
+    let slots = &doc["readonly_slots"];
+    let exits = pmem["guest_write_exits"].as_u64().unwrap();
+    let stale = slots["stale_exits"].as_u64().unwrap();
+    // Without refreshes every store exits: 2 passes x 64 pages x 512 stores. With them, a
+    // page costs its copy-up exit and 16 stale exits (the vCPU that sees the 16th parks
+    // until the slots are refreshed); allow twice that.
+    let without = 2 * 64 * 512;
+    let bound = 2 * 64 * (1 + 16);
+    assert_eq!(pmem["cow_units"].as_u64(), Some(64), "{doc}");
+    assert!(slots["refreshes"].as_u64().unwrap() >= 1, "{doc}");
+    assert_eq!(slots["pause_timeouts"].as_u64(), Some(0), "{doc}");
+    assert_eq!(
+        stale,
+        pmem["guest_writes_already_writable"].as_u64().unwrap()
+    );
+    assert!(
+        exits <= bound,
+        "{exits} write exits (stale: {stale}; more than {bound}) for {without} stores over copied-up pages: {doc}"
+    );
+    assert!(
+        stderr(&out).contains(&format!(
+            "sum pmem0 0 256K = {:016x}",
+            probe_checksum(&[0x66; 256 * K])
+        )),
+        "guest view: {}",
+        stderr(&out)
+    );
+    assert_eq!(read(&top, 0, 256 * K), vec![0x66; 256 * K]);
+    assert_eq!(read(&base, 0, 256 * K), vec![0x44; 256 * K]);
+    check_clean(&top);
+    check_clean(&base);
+}

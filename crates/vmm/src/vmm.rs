@@ -6,6 +6,7 @@ use crate::memory::{Backing, GuestMemory, MemoryError, MergePolicy, RegionSpec};
 use crate::report::{memory_report, MemoryReport};
 use crate::trace::{mark_name, BootTrace};
 use crate::vstate::kick;
+use crate::vstate::readonly_slots::{RangesFn, ReadonlySlotStats, ReadonlySlots};
 use crate::vstate::vcpu::{Vcpu, VcpuEvent, VcpuFailure, VcpuShared};
 use crate::vstate::vm::{Vm, VmError};
 use densevm_devices::legacy::{self, AcpiPm, Cmos, DebugPort, PciHostBridge, Serial, I8042};
@@ -59,6 +60,10 @@ pub struct ExternalRegion {
     /// Serves vCPU writes into the region that KVM cannot complete (offsets are relative to
     /// the region); registered at the region's guest-physical place for the VM's lifetime.
     pub write_fault: Option<crate::write_fault::Handler>,
+    /// The ranges that are read-only *now* (`kvm_readonly` minus pages copied up since):
+    /// when the write-fault handler reports stale exits, the VMM re-registers the region's
+    /// slots from this (`vstate::readonly_slots`). `None` keeps the slots as registered.
+    pub readonly_ranges: Option<RangesFn>,
 }
 
 /// Alignment of external regions in guest-physical space.
@@ -130,6 +135,8 @@ pub enum VmEnd {
     },
     /// The run exceeded its timeout.
     TimedOut(Duration),
+    /// The VMM itself failed while the guest ran (e.g. re-registering memory slots).
+    HostError(String),
 }
 
 impl VmEnd {
@@ -139,14 +146,17 @@ impl VmEnd {
         match self {
             Self::GuestExit(code) => i32::from(*code),
             Self::Reset | Self::PowerOff | Self::AllHalted => 0,
-            Self::Failed { .. } => 1,
+            Self::Failed { .. } | Self::HostError(_) => 1,
             Self::TimedOut(_) => 124,
         }
     }
 
     /// Whether the VM ended in an error.
     pub fn is_error(&self) -> bool {
-        matches!(self, Self::Failed { .. } | Self::TimedOut(_))
+        matches!(
+            self,
+            Self::Failed { .. } | Self::TimedOut(_) | Self::HostError(_)
+        )
     }
 }
 
@@ -163,6 +173,7 @@ impl std::fmt::Display for VmEnd {
                 "VM did not finish within {:.1} s (--timeout)",
                 d.as_secs_f64()
             ),
+            Self::HostError(e) => write!(f, "the VMM failed: {e}"),
         }
     }
 }
@@ -175,6 +186,8 @@ pub struct RunOutcome {
     pub trace: BootTrace,
     /// Memory report taken before teardown, if requested.
     pub memory: Option<MemoryReport>,
+    /// How the read-only slots of external regions were kept up to date.
+    pub readonly_slots: ReadonlySlotStats,
 }
 
 /// A VM could not be built or started.
@@ -342,6 +355,20 @@ pub fn run_vm(config: VmConfig) -> Result<RunOutcome, VmmError> {
     let merged = memory.advise_merge(config.merge)?;
     tracing::debug!("{merged} bytes of guest memory marked for same-page merging");
     vm.register_memory(&memory)?;
+    let mut readonly_slots = ReadonlySlots::new(
+        config
+            .external_regions
+            .iter()
+            .filter_map(|region| {
+                let ranges = region.readonly_ranges.clone()?;
+                let index = memory
+                    .regions()
+                    .iter()
+                    .position(|r| r.name == region.name)?;
+                Some((index, memory.regions()[index].clone(), ranges))
+            })
+            .collect(),
+    );
 
     // Linux takes interrupts: in-kernel PIC/IOAPIC/LAPIC and PIT. The probe needs none
     // and runs without, so its HLT exits to the VMM.
@@ -454,7 +481,12 @@ pub fn run_vm(config: VmConfig) -> Result<RunOutcome, VmmError> {
     drop(serial_irq);
     trace.mark("vm_ready");
 
-    let shared = Arc::new(VcpuShared::new(pio, Bus::new(), vm.has_irqchip()));
+    let shared = Arc::new(VcpuShared::new(
+        pio,
+        Bus::new(),
+        vm.has_irqchip(),
+        config.cpus,
+    ));
     let (tx, rx) = channel();
     let mut threads = Vec::new();
     for vcpu in vcpus {
@@ -517,6 +549,23 @@ pub fn run_vm(config: VmConfig) -> Result<RunOutcome, VmmError> {
                 }
             }
             VcpuEvent::Failed(vcpu, failure) => break VmEnd::Failed { vcpu, failure },
+            VcpuEvent::StaleReadonlySlot(_) => {
+                let kick_all = || {
+                    for handle in threads.iter().filter(|h| !h.is_finished()) {
+                        kick::kick(handle.as_pthread_t());
+                    }
+                };
+                let refreshed = readonly_slots.refresh(&mut vm, &shared.pause, kick_all);
+                if let Ok(more) = refreshed {
+                    shared.rearm_stale_notice(more);
+                }
+                shared.pause.resume();
+                if let Err(e) = refreshed {
+                    break VmEnd::HostError(format!(
+                        "re-registering the read-only memory slots of a --pmem region: {e}"
+                    ));
+                }
+            }
         }
     };
     trace.mark("vm_end");
@@ -538,5 +587,6 @@ pub fn run_vm(config: VmConfig) -> Result<RunOutcome, VmmError> {
         end,
         trace,
         memory: memory_report,
+        readonly_slots: readonly_slots.stats(shared.stale_exits()),
     })
 }

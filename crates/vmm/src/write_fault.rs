@@ -5,13 +5,26 @@
 //! guest-physical range. KVM does not raise a signal for such a write: PVM reports it as a
 //! `KVM_EXIT_MMIO` write, hardware KVM as `KVM_EXIT_MEMORY_FAULT` (EFAULT). The vCPU loop
 //! calls [`handle`] for both; the handler makes the page writable (and, for MMIO, stores the
-//! bytes, which KVM then considers written).
+//! bytes, which KVM then considers written). A handler that finds the page writable already
+//! says so ([`Outcome::Stale`]): the read-only KVM slot over it is out of date, and the VMM
+//! re-registers the region's slots (`vstate::readonly_slots`).
 
 use std::sync::{Arc, RwLock};
 
-/// Serves a write at `offset` into the region; `data` are the MMIO bytes, if any. Returns
-/// false if the write cannot be served (the vCPU then fails as before).
-pub type Handler = Arc<dyn Fn(u64, Option<&[u8]>) -> bool + Send + Sync>;
+/// What a handler did with a faulting guest write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The page was made writable (copied up or allocated) and the bytes stored.
+    Served,
+    /// The page was writable already: the bytes were stored, but KVM's read-only view of
+    /// the page is out of date.
+    Stale,
+    /// No handler covers the address, or it could not serve the write (the vCPU fails).
+    Unserved,
+}
+
+/// Serves a write at `offset` into the region; `data` are the MMIO bytes, if any.
+pub type Handler = Arc<dyn Fn(u64, Option<&[u8]>) -> Outcome + Send + Sync>;
 
 type Entry = (u64, u64, u64, Handler);
 static HANDLERS: RwLock<Vec<Entry>> = RwLock::new(Vec::new());
@@ -35,13 +48,13 @@ pub fn register(gpa: u64, size: u64, handler: Handler) -> Registration {
     Registration(id)
 }
 
-/// Offers a faulting guest write to the registered handlers; true if one served it.
-pub fn handle(gpa: u64, data: Option<&[u8]>) -> bool {
+/// Offers a faulting guest write to the registered handlers.
+pub fn handle(gpa: u64, data: Option<&[u8]>) -> Outcome {
     let h = HANDLERS.read().unwrap_or_else(|p| p.into_inner());
     for (_, base, size, f) in h.iter() {
         if gpa >= *base && gpa - base < *size {
             return f(gpa - base, data);
         }
     }
-    false
+    Outcome::Unserved
 }

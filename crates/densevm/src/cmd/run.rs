@@ -3,8 +3,10 @@
 use crate::output::print_json;
 use anyhow::{bail, Context};
 use clap::Args;
+use densevm_pmem::GuestWrite;
 use densevm_vmm::report::MemoryReport;
-use densevm_vmm::{run_vm, MergePolicy, Payload, RunOutcome, VmConfig, VmEnd};
+use densevm_vmm::write_fault::Outcome;
+use densevm_vmm::{run_vm, MergePolicy, Payload, RunOutcome, VmConfig};
 use serde_json::{json, Map, Value};
 use std::time::{Duration, Instant};
 
@@ -106,7 +108,7 @@ pub fn parse_memory(text: &str) -> Result<u64, String> {
     Ok(bytes)
 }
 
-fn summary(args: &RunArgs, outcome: &RunOutcome) -> Value {
+fn summary(args: &RunArgs, outcome: &RunOutcome, pmem: &PmemRegions) -> Value {
     let mut trace = Map::new();
     for p in outcome.trace.points() {
         trace.insert(p.name, json!((p.ms * 1000.0).round() / 1000.0));
@@ -119,6 +121,11 @@ fn summary(args: &RunArgs, outcome: &RunOutcome) -> Value {
         "cpus": args.cpus,
         "trace_ms": trace,
     });
+    if !pmem.regions.is_empty() {
+        let o = obj.as_object_mut().expect("object");
+        o.insert("pmem".into(), json!(pmem.stats()));
+        o.insert("readonly_slots".into(), json!(outcome.readonly_slots));
+    }
     if let Some(m) = &outcome.memory {
         let o = obj.as_object_mut().expect("object");
         o.insert("rss_kib".into(), json!(m.process.rss_kib));
@@ -209,7 +216,7 @@ pub fn main(args: RunArgs) -> anyhow::Result<i32> {
             None => eprintln!("densevm: memory report unavailable (cannot read /proc/self/smaps)"),
         }
     }
-    let doc = summary(&args, &outcome);
+    let doc = summary(&args, &outcome, &pmem);
     match args.report_json.as_deref() {
         Some("-") => print_json(&doc)?,
         Some(path) => std::fs::write(path, serde_json::to_string_pretty(&doc)? + "\n")
@@ -219,7 +226,7 @@ pub fn main(args: RunArgs) -> anyhow::Result<i32> {
     if args.json && args.report_json.as_deref() != Some("-") {
         print_json(&doc)?;
     }
-    if let VmEnd::Failed { .. } | VmEnd::TimedOut(_) = outcome.end {
+    if outcome.end.is_error() {
         eprintln!("densevm: error: {}", outcome.end);
     }
     Ok(outcome.end.exit_code())
@@ -260,14 +267,17 @@ impl PmemRegions {
             .enumerate()
             .map(|(i, (_, r))| {
                 let handle = r.write_fault_handle();
+                let ranges = r.write_fault_handle();
                 let hook: densevm_vmm::write_fault::Handler =
                     std::sync::Arc::new(move |offset: u64, data: Option<&[u8]>| {
-                        handle
-                            .guest_write(offset, data)
-                            .map_err(|e| {
-                                tracing::error!("pmem: guest write at offset {offset:#x}: {e}")
-                            })
-                            .is_ok()
+                        match handle.guest_write(offset, data) {
+                            Ok(GuestWrite::Served) => Outcome::Served,
+                            Ok(GuestWrite::AlreadyWritable) => Outcome::Stale,
+                            Err(e) => {
+                                tracing::error!("pmem: guest write at offset {offset:#x}: {e}");
+                                Outcome::Unserved
+                            }
+                        }
                     });
                 densevm_vmm::ExternalRegion {
                     name: format!("pmem{i}"),
@@ -275,7 +285,31 @@ impl PmemRegions {
                     size: r.size(),
                     kvm_readonly: r.lower_layer_ranges().to_vec(),
                     write_fault: Some(hook),
+                    readonly_ranges: Some(std::sync::Arc::new(move || ranges.readonly_ranges())),
                 }
+            })
+            .collect()
+    }
+
+    /// Fault-service figures of each region, for `--json`.
+    fn stats(&self) -> Vec<Value> {
+        self.regions
+            .iter()
+            .enumerate()
+            .map(|(i, (path, r))| {
+                let s = r.stats();
+                json!({
+                    "name": format!("pmem{i}"),
+                    "image": path,
+                    "expansions": s.expansions,
+                    "cow_faults": s.cow_faults,
+                    "cow_units": s.cow_units,
+                    "read_faults": s.read_faults,
+                    "guest_write_exits": s.guest_hook_faults,
+                    "guest_writes_already_writable": s.guest_writes_already_writable,
+                    "uffd_write_faults": s.uffd_write_faults,
+                    "segv_write_faults": s.segv_faults,
+                })
             })
             .collect()
     }

@@ -2,5 +2,7 @@
 //! and the vCPU threads with their exit handling.
 
 pub mod kick;
+pub mod pause;
+pub mod readonly_slots;
 pub mod vcpu;
 pub mod vm;

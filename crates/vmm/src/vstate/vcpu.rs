@@ -1,10 +1,12 @@
 //! A vCPU thread: runs `KVM_RUN` and handles every exit reason on purpose.
 
 use super::kick;
+use super::pause::PauseGate;
+use crate::write_fault::{self, Outcome};
 use densevm_devices::{Bus, GuestRequest};
 use kvm_ioctls::{VcpuExit, VcpuFd};
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -115,6 +117,10 @@ pub enum VcpuEvent {
     Failed(u32, VcpuFailure),
     /// The thread left its run loop after a stop request.
     Stopped(u32),
+    /// Writes to read-only slots keep finding their pages writable: the slots are out of
+    /// date. The vCPUs are asked to park; the control thread refreshes the slots, resumes
+    /// them, and re-arms the notice ([`VcpuShared::rearm_stale_notice`]).
+    StaleReadonlySlot(u32),
 }
 
 /// State shared by all vCPU threads of a VM.
@@ -127,18 +133,57 @@ pub struct VcpuShared {
     pub stop: AtomicBool,
     /// Whether an in-kernel irqchip exists (HLT is then handled in the kernel).
     pub irqchip: bool,
+    /// Where vCPU threads park while the control thread changes memory slots.
+    pub pause: PauseGate,
+    /// Writes to read-only slots whose page was writable already.
+    stale_exits: AtomicU64,
+    /// The stale-exit count at which a vCPU parks itself and notifies the control thread.
+    stale_notice_at: AtomicU64,
+    /// A [`VcpuEvent::StaleReadonlySlot`] is on its way to the control thread.
+    stale_notice_sent: AtomicBool,
     unknown_logged: Mutex<HashSet<(bool, u64)>>,
 }
 
 impl VcpuShared {
-    /// Shared state for a VM with these buses.
-    pub fn new(pio: Bus, mmio: Bus, irqchip: bool) -> Self {
+    /// Shared state for a VM with these buses and `vcpus` vCPU threads.
+    pub fn new(pio: Bus, mmio: Bus, irqchip: bool, vcpus: u32) -> Self {
         Self {
             pio,
             mmio,
             stop: AtomicBool::new(false),
             irqchip,
+            pause: PauseGate::new(vcpus),
+            stale_exits: AtomicU64::new(0),
+            stale_notice_at: AtomicU64::new(FIRST_STALE_NOTICE),
+            stale_notice_sent: AtomicBool::new(false),
             unknown_logged: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// Control side, after handling a [`VcpuEvent::StaleReadonlySlot`]: the next notice
+    /// comes after `more` further stale exits.
+    pub fn rearm_stale_notice(&self, more: u64) {
+        let now = self.stale_exits.load(Ordering::Acquire);
+        self.stale_notice_at
+            .store(now.saturating_add(more.max(1)), Ordering::Release);
+        self.stale_notice_sent.store(false, Ordering::Release);
+    }
+
+    /// The stale exits so far.
+    pub fn stale_exits(&self) -> u64 {
+        self.stale_exits.load(Ordering::Acquire)
+    }
+
+    /// A write exited although its page was writable: once enough did, the vCPU asks for a
+    /// pause (so it stops exiting at once; it parks at the top of its loop) and tells the
+    /// control thread, which refreshes the slots and resumes.
+    fn note_stale(&self, id: u32, events: &Sender<VcpuEvent>) {
+        let n = self.stale_exits.fetch_add(1, Ordering::AcqRel) + 1;
+        if n >= self.stale_notice_at.load(Ordering::Acquire)
+            && !self.stale_notice_sent.swap(true, Ordering::AcqRel)
+        {
+            self.pause.request();
+            let _ = events.send(VcpuEvent::StaleReadonlySlot(id));
         }
     }
 
@@ -156,6 +201,9 @@ impl VcpuShared {
         }
     }
 }
+
+/// Stale exits before the first [`VcpuEvent::StaleReadonlySlot`].
+pub const FIRST_STALE_NOTICE: u64 = 16;
 
 /// One vCPU and the thread-side loop that runs it.
 pub struct Vcpu {
@@ -193,11 +241,16 @@ impl Vcpu {
             if shared.stop.load(Ordering::Acquire) {
                 break;
             }
+            if shared.pause.requested() {
+                shared.pause.park(&shared.stop);
+                continue;
+            }
             match self.step(&shared, &events) {
                 Step::Continue => {}
                 Step::Stop => break,
             }
         }
+        shared.pause.leave();
         kick::unbind();
         let _ = events.send(VcpuEvent::Stopped(self.id));
     }
@@ -254,18 +307,23 @@ impl Vcpu {
                 }
                 Step::Continue
             }
-            // pmem: a write to a read-only page of a service-mapped region (PVM reports it
-            // as MMIO); the region's owner copies the page up and stores the bytes.
-            VcpuExit::MmioWrite(addr, data) if crate::write_fault::handle(addr, Some(data)) => {
-                Step::Continue
-            }
-            VcpuExit::MmioWrite(addr, data) => match shared.mmio.write(addr, data) {
-                Some(Some(req)) => self.request(events, req),
-                Some(None) => Step::Continue,
-                None => {
-                    shared.log_unknown(true, addr, true);
+            // pmem: a write to a read-only page of a service-mapped region (a read-only
+            // slot, or PVM's report of a read-only host page); the region's owner copies the
+            // page up and stores the bytes.
+            VcpuExit::MmioWrite(addr, data) => match write_fault::handle(addr, Some(data)) {
+                Outcome::Served => Step::Continue,
+                Outcome::Stale => {
+                    shared.note_stale(id, events);
                     Step::Continue
                 }
+                Outcome::Unserved => match shared.mmio.write(addr, data) {
+                    Some(Some(req)) => self.request(events, req),
+                    Some(None) => Step::Continue,
+                    None => {
+                        shared.log_unknown(true, addr, true);
+                        Step::Continue
+                    }
+                },
             },
             VcpuExit::MmioRead(addr, data) => {
                 if !shared.mmio.read(addr, data) {
@@ -299,19 +357,20 @@ impl Vcpu {
                 let _ = events.send(VcpuEvent::SystemEvent(id, kind));
                 Step::Stop
             }
-            // pmem: the same write on hardware KVM; the guest retries it after the copy-up.
-            VcpuExit::MemoryFault { gpa, .. } if crate::write_fault::handle(gpa, None) => {
-                let (last, count) = self.repeated_fault;
-                let count = if last == gpa { count + 1 } else { 1 };
-                self.repeated_fault = (gpa, count);
-                if count > MAX_REPEATED_FAULTS {
-                    return self.fail(events, VcpuFailure::MemoryFault { gpa: Some(gpa) });
+            // pmem: a write to a read-only host page in a writable slot on hardware KVM; the
+            // guest retries it after the copy-up.
+            VcpuExit::MemoryFault { gpa, .. } => match write_fault::handle(gpa, None) {
+                Outcome::Unserved => self.fail(events, VcpuFailure::MemoryFault { gpa: Some(gpa) }),
+                _ => {
+                    let (last, count) = self.repeated_fault;
+                    let count = if last == gpa { count + 1 } else { 1 };
+                    self.repeated_fault = (gpa, count);
+                    if count > MAX_REPEATED_FAULTS {
+                        return self.fail(events, VcpuFailure::MemoryFault { gpa: Some(gpa) });
+                    }
+                    Step::Continue
                 }
-                Step::Continue
-            }
-            VcpuExit::MemoryFault { gpa, .. } => {
-                self.fail(events, VcpuFailure::MemoryFault { gpa: Some(gpa) })
-            }
+            },
             VcpuExit::Intr | VcpuExit::IrqWindowOpen => Step::Continue,
             other => {
                 let what = format!("{other:?}");

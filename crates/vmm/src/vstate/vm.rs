@@ -50,6 +50,12 @@ pub struct Vm {
     kvm: Kvm,
     fd: VmFd,
     irqchip: bool,
+    /// The KVM slot numbers of each region of the registered [`GuestMemory`], in order.
+    region_slots: Vec<Vec<u32>>,
+    /// Slot numbers freed by [`Vm::replace_region_slots`], reused first.
+    free_slots: Vec<u32>,
+    /// The lowest slot number never used.
+    next_slot: u32,
 }
 
 impl Vm {
@@ -65,6 +71,9 @@ impl Vm {
             kvm,
             fd,
             irqchip: false,
+            region_slots: Vec::new(),
+            free_slots: Vec::new(),
+            next_slot: 0,
         })
     }
 
@@ -91,36 +100,94 @@ impl Vm {
 
     /// Registers every guest memory region as KVM memory slots (one per region, or
     /// several where an external region asks for read-only ranges).
-    pub fn register_memory(&self, memory: &GuestMemory) -> Result<(), VmError> {
-        let pieces: Vec<SlotPiece> = memory
-            .regions()
-            .iter()
-            .flat_map(|r| r.slot_pieces())
-            .collect();
-        if pieces.iter().any(|p| p.readonly) && !self.kvm.check_extension(Cap::ReadonlyMem) {
-            return Err(VmError::NoReadonlyMem);
-        }
+    pub fn register_memory(&mut self, memory: &GuestMemory) -> Result<(), VmError> {
+        let per_region: Vec<Vec<SlotPiece>> =
+            memory.regions().iter().map(|r| r.slot_pieces()).collect();
+        let pieces: usize = per_region.iter().map(Vec::len).sum();
         let limit = self.kvm.get_nr_memslots();
-        if pieces.len() > limit {
+        if pieces > limit {
             return Err(VmError::TooManySlots {
-                needed: pieces.len(),
+                needed: pieces,
                 limit,
             });
         }
-        for (slot, piece) in pieces.iter().enumerate() {
+        for region in &per_region {
+            let slots = self.add_slots(region)?;
+            self.region_slots.push(slots);
+        }
+        Ok(())
+    }
+
+    /// How many slots region `index` may use in a [`Vm::replace_region_slots`]: its own plus
+    /// every slot no other region uses.
+    pub fn slot_budget(&self, index: usize) -> usize {
+        let others: usize = self
+            .region_slots
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| i != index)
+            .map(|(_, s)| s.len())
+            .sum();
+        self.kvm.get_nr_memslots().saturating_sub(others)
+    }
+
+    /// Replaces the slots of region `index` (in the order [`Vm::register_memory`] saw the
+    /// regions) with `pieces`. Between the removal of the old slots and the addition of the
+    /// new ones the region has no memory, so every vCPU must be paused
+    /// (`vstate::pause::PauseGate`) while this runs.
+    pub fn replace_region_slots(
+        &mut self,
+        index: usize,
+        pieces: &[SlotPiece],
+    ) -> Result<(), VmError> {
+        let budget = self.slot_budget(index);
+        if pieces.len() > budget {
+            return Err(VmError::TooManySlots {
+                needed: pieces.len(),
+                limit: budget,
+            });
+        }
+        let old = std::mem::take(&mut self.region_slots[index]);
+        for &slot in &old {
+            let remove = kvm_userspace_memory_region {
+                slot,
+                memory_size: 0,
+                ..Default::default()
+            };
+            // SAFETY: a zero-sized region deletes the slot; no host memory is referenced.
+            unsafe { self.fd.set_user_memory_region(remove) }
+                .map_err(kvm_err("KVM_SET_USER_MEMORY_REGION (delete)"))?;
+            self.free_slots.push(slot);
+        }
+        let slots = self.add_slots(pieces)?;
+        self.region_slots[index] = slots;
+        Ok(())
+    }
+
+    fn add_slots(&mut self, pieces: &[SlotPiece]) -> Result<Vec<u32>, VmError> {
+        if pieces.iter().any(|p| p.readonly) && !self.kvm.check_extension(Cap::ReadonlyMem) {
+            return Err(VmError::NoReadonlyMem);
+        }
+        let mut slots = Vec::with_capacity(pieces.len());
+        for piece in pieces {
+            let slot = self.free_slots.pop().unwrap_or_else(|| {
+                self.next_slot += 1;
+                self.next_slot - 1
+            });
             let mem_region = kvm_userspace_memory_region {
-                slot: slot as u32,
+                slot,
                 flags: if piece.readonly { KVM_MEM_READONLY } else { 0 },
                 guest_phys_addr: piece.gpa,
                 memory_size: piece.size,
                 userspace_addr: piece.host_addr,
             };
-            // SAFETY: the host range belongs to a live mapping owned by `memory`, which the
-            // caller keeps alive for as long as the VM exists.
+            // SAFETY: the host range belongs to a live mapping owned by the caller's
+            // `GuestMemory` (or an external region), which outlives the VM.
             unsafe { self.fd.set_user_memory_region(mem_region) }
                 .map_err(kvm_err("KVM_SET_USER_MEMORY_REGION"))?;
+            slots.push(slot);
         }
-        Ok(())
+        Ok(slots)
     }
 
     /// The KVM system handle.
