@@ -93,15 +93,21 @@ guest_pmem_script() {
 
 # run_pmem_guest LOG IMAGE MODULES SCRIPT: boots the L2 kernel with --pmem IMAGE, loads
 # MODULES (comma-separated) and runs the guest shell SCRIPT (plain text); fails unless
-# densevm exits 0 and the script reports status 0. Prints the log's DENSEVM lines.
+# densevm exits 0 and the script reports status 0. Prints the log's DENSEVM lines; densevm's
+# JSON report goes to LOG.json (see json_number).
 run_pmem_guest() {
   _b64=$(printf '%s\n' "$4" | base64 | tr -d '\n')
   timeout 400 densevm run --kernel "$GUEST_VMLINUX" --initrd "$GUEST_INITRD" --memory 256M \
-    --pmem "$2" --cmdline "console=ttyS0 panic=-1 quiet modules=$3 densevm.script=$_b64" > "$1" 2>&1
+    --report-json "$1.json" --pmem "$2" --cmdline "console=ttyS0 panic=-1 quiet modules=$3 densevm.script=$_b64" > "$1" 2>&1
   _status=$?
   grep -E 'DENSEVM|/mnt' "$1" | head -n 20
   [ "$_status" = 0 ] || { tail -n 30 "$1"; fail "densevm run --pmem $2 exited with $_status"; }
   grep -q 'DENSEVM-GUEST-EXIT=0' "$1" || { tail -n 30 "$1"; fail "the guest script failed"; }
+}
+
+# json_number FILE KEY: the first number stored under "KEY" in densevm's JSON report FILE.
+json_number() {
+  sed -n "s/.*\"$2\": \([0-9][0-9]*\).*/\1/p" "$1" | head -n 1
 }
 
 # guest_value LOG NAME: the value the guest printed as DENSEVM-NAME=value (the serial

@@ -29,6 +29,17 @@ case "$(guest_value "$log" PMEM-FIRST)" in
   *) fail "the guest does not read the base image's bytes" ;;
 esac
 
+# The 64 KiB over the base is 8192 8-byte stores; each page costs its copy-up exit and 16
+# stale exits before densevm makes the copied-up pages writable in KVM (re-registered
+# read-only slots). Without that, every store would exit.
+exits=$(json_number "$log.json" guest_write_exits)
+cow=$(json_number "$log.json" cow_units)
+refreshes=$(json_number "$log.json" refreshes)
+echo "write exits $exits, copy-ups $cow, slot refreshes $refreshes, paused $(json_number "$log.json" paused_us) us"
+[ "$cow" = 16 ] || fail "expected 16 pages copied up, got '$cow'"
+[ -n "$refreshes" ] && [ "$refreshes" -ge 1 ] || fail "the read-only slots were never refreshed"
+[ "$exits" -le 2048 ] || fail "$exits write exits for 16 copied-up pages: the slots do not follow the copy-ups"
+
 head -c 16777216 /dev/zero > base.expect
 fill base.expect 0 256 021
 cp base.expect top.expect
