@@ -178,11 +178,12 @@ fn big_image(path: &Path) -> u64 {
 }
 
 fn probe_rows(t: &mut Table, bin: &Path, d: &Path) {
-    let run = |img: &Path, script: &str| -> String {
+    let run = |img: &Path, script: &str, extra: &[&str]| -> String {
         let out = Command::new(bin)
             .args(["run", "--timeout", "120", "--pmem"])
             .arg(img)
             .args(["--probe", script])
+            .args(extra)
             .output()
             .unwrap();
         assert!(
@@ -211,6 +212,7 @@ fn probe_rows(t: &mut Table, bin: &Path, d: &Path) {
     let out = run(
         &img,
         "write pmem0 0 256K 0x11; write pmem0 0 256K 0x12; write ram 16M 256K 0x13; write ram 16M 256K 0x14; exit 0",
+        &[],
     );
     let (fresh, again, ram_first, ram_again) = (
         write_us(&out, 0),
@@ -230,17 +232,28 @@ fn probe_rows(t: &mut Table, bin: &Path, d: &Path) {
         .output()
         .unwrap();
     assert!(status.status.success());
+    let report = d.join("probe-report.json");
     let out = run(
         &img,
-        "write pmem0 0 256K 0x21; write pmem0 0 256K 0x22; exit 0",
+        "write pmem0 0 256K 0x21; write pmem0 0 256K 0x22; write pmem0 0 256K 0x23; exit 0",
+        &["--report-json", report.to_str().unwrap()],
     );
-    let (cow, after) = (write_us(&out, 0), write_us(&out, 1));
+    let (cow, after, third) = (write_us(&out, 0), write_us(&out, 1), write_us(&out, 2));
+    // Exit and refresh counts (densevm run --json fields; absent from older binaries).
+    let doc: serde_json::Value = std::fs::read_to_string(&report)
+        .ok()
+        .and_then(|s| serde_json::from_str(&s).ok())
+        .unwrap_or_default();
+    let field = |v: &serde_json::Value| v.as_u64().map_or("n/a".to_string(), |n| n.to_string());
     t.row(
-        "probe: write 256K over a snapshot (64 × 4 KiB CoW via MMIO exit)",
+        "probe: write 256K over a snapshot (64 × 4 KiB CoW via MMIO exit), twice more",
         format!("{cow:.0} µs"),
         &format!(
-            "same range again: {after:.0} µs → {:.1} µs per CoW",
-            (cow - after) / 64.0
+            "same range again: {after:.0} µs, a third time {third:.0} µs → {:.1} µs per CoW; write exits {} for 3 × 32768 stores, read-only slot refreshes {} ({} µs paused)",
+            (cow - after) / 64.0,
+            field(&doc["pmem"][0]["guest_write_exits"]),
+            field(&doc["readonly_slots"]["refreshes"]),
+            field(&doc["readonly_slots"]["paused_us"]),
         ),
     );
 }
