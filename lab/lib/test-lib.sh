@@ -3,6 +3,9 @@
 
 fail() {
   echo "FAIL: $*"
+  # What L1's kernel said last (OOM kills, KVM complaints) often explains a failure.
+  echo "--- last L1 kernel messages:"
+  dmesg 2>/dev/null | tail -n 6
   exit 1
 }
 
