@@ -54,15 +54,16 @@ show() { # show LABEL PID: the vmlinux mapping of PID, summed and per VMA
 }
 # 1. Page cache: pages the guest never writes stay shared. In L1 the files live in the
 #    initramfs (ramfs), whose page-cache pages count as Shared_Dirty, so "shared" here is
-#    RSS minus the private (copied-on-write) pages.
+#    RSS minus the private (copied-on-write) pages: ~10.5 MiB in every run so far; the bound
+#    leaves room because the guest reuses freed kernel-image pages (init memory) as it runs.
 ok=1
 for pid in $pid1 $pid2; do
   show "page cache only" "$pid"
   set -- $(mapping_kb "$pid" "$GUEST_VMLINUX")
-  [ $(( $1 - $4 - $5 )) -gt 8192 ] || ok=0
+  [ $(( $1 - $4 - $5 )) -gt 4096 ] || ok=0
   [ "$2" -lt "$1" ] || ok=0
 done
-[ "$ok" = 1 ] || fail "vmlinux pages are not shared between the VMs (need > 8 MiB shared and PSS < RSS)"
+[ "$ok" = 1 ] || fail "vmlinux pages are not shared between the VMs (need > 4 MiB shared and PSS < RSS)"
 # 2. KSM: what each kernel patched or cleared at boot is the same in every VM, so with
 #    ksmd on, the `--merge boot` VMs fold those pages together; the control keeps its copies.
 scans=$(cat "$KSM/full_scans")
