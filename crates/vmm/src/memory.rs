@@ -68,7 +68,7 @@ pub struct RegionInfo {
 }
 
 /// One KVM memory slot: a piece of a region.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct SlotPiece {
     /// Guest-physical start.
     pub gpa: u64,

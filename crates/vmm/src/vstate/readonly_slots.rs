@@ -37,6 +37,8 @@ pub struct ReadonlySlotStats {
     pub stale_exits: u64,
     /// Times the slots of a region were re-registered.
     pub refreshes: u64,
+    /// KVM slots deleted or added by those refreshes (unchanged slots stay registered).
+    pub slot_updates: u64,
     /// Attempts that found nothing to change.
     pub unchanged: u64,
     /// Attempts abandoned because the vCPUs did not park in time.
@@ -110,13 +112,10 @@ impl ReadonlySlots {
             }
         }
         tracing::debug!(
-            "read-only slots: refresh after {} stale exits; {} region(s) changed: {:?}",
+            "read-only slots: refresh after {} stale exits; {} region(s) changed, read-only ranges now {:?}",
             self.threshold,
             changes.len(),
-            changes
-                .iter()
-                .map(|(_, r)| r.first().copied())
-                .collect::<Vec<_>>()
+            changes.iter().map(|(_, r)| r.len()).collect::<Vec<_>>()
         );
         if changes.is_empty() {
             self.stats.unchanged += 1;
@@ -134,9 +133,12 @@ impl ReadonlySlots {
             let r = &mut self.regions[i];
             let mut info = r.info.clone();
             info.kvm_readonly = ranges;
-            result = vm.replace_region_slots(r.index, &info.slot_pieces());
-            if result.is_err() {
-                break;
+            match vm.replace_region_slots(r.index, &info.slot_pieces()) {
+                Ok(updates) => self.stats.slot_updates += updates as u64,
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
             }
             r.info = info;
             self.stats.refreshes += 1;

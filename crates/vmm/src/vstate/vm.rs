@@ -5,6 +5,7 @@ use kvm_bindings::{
     kvm_pit_config, kvm_userspace_memory_region, KVM_MEM_READONLY, KVM_PIT_SPEAKER_DUMMY,
 };
 use kvm_ioctls::{Cap, Kvm, VmFd};
+use std::collections::HashSet;
 use thiserror::Error;
 
 /// Address of the TSS KVM needs below 4 GiB (three pages), clear of guest RAM.
@@ -45,13 +46,40 @@ fn kvm_err(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmError {
     move |source| VmError::Kvm { what, source }
 }
 
+/// How to turn one set of slots into another.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct SlotDiff {
+    /// Slots whose piece is in both sets.
+    keep: Vec<(u32, SlotPiece)>,
+    /// Slots to delete.
+    remove: Vec<u32>,
+    /// Pieces to register.
+    add: Vec<SlotPiece>,
+}
+
+fn slot_diff(old: &[(u32, SlotPiece)], new: &[SlotPiece]) -> SlotDiff {
+    let wanted: HashSet<&SlotPiece> = new.iter().collect();
+    let have: HashSet<&SlotPiece> = old.iter().map(|(_, p)| p).collect();
+    let mut diff = SlotDiff::default();
+    for &(slot, piece) in old {
+        if wanted.contains(&piece) {
+            diff.keep.push((slot, piece));
+        } else {
+            diff.remove.push(slot);
+        }
+    }
+    diff.add = new.iter().filter(|p| !have.contains(p)).copied().collect();
+    diff
+}
+
 /// A VM file descriptor plus the KVM system handle it came from.
 pub struct Vm {
     kvm: Kvm,
     fd: VmFd,
     irqchip: bool,
-    /// The KVM slot numbers of each region of the registered [`GuestMemory`], in order.
-    region_slots: Vec<Vec<u32>>,
+    /// The KVM slots (number and piece) of each region of the registered [`GuestMemory`],
+    /// in order.
+    region_slots: Vec<Vec<(u32, SlotPiece)>>,
     /// Slot numbers freed by [`Vm::replace_region_slots`], reused first.
     free_slots: Vec<u32>,
     /// The lowest slot number never used.
@@ -132,14 +160,15 @@ impl Vm {
     }
 
     /// Replaces the slots of region `index` (in the order [`Vm::register_memory`] saw the
-    /// regions) with `pieces`. Between the removal of the old slots and the addition of the
-    /// new ones the region has no memory, so every vCPU must be paused
-    /// (`vstate::pause::PauseGate`) while this runs.
+    /// regions) with `pieces`: slots whose piece is unchanged stay, the others are deleted
+    /// and the new pieces added. Between the two steps part of the region has no memory, so
+    /// every vCPU must be paused (`vstate::pause::PauseGate`) while this runs. Returns how
+    /// many slots were deleted or added.
     pub fn replace_region_slots(
         &mut self,
         index: usize,
         pieces: &[SlotPiece],
-    ) -> Result<(), VmError> {
+    ) -> Result<usize, VmError> {
         let budget = self.slot_budget(index);
         if pieces.len() > budget {
             return Err(VmError::TooManySlots {
@@ -148,7 +177,8 @@ impl Vm {
             });
         }
         let old = std::mem::take(&mut self.region_slots[index]);
-        for &slot in &old {
+        let diff = slot_diff(&old, pieces);
+        for &slot in &diff.remove {
             let remove = kvm_userspace_memory_region {
                 slot,
                 memory_size: 0,
@@ -159,12 +189,14 @@ impl Vm {
                 .map_err(kvm_err("KVM_SET_USER_MEMORY_REGION (delete)"))?;
             self.free_slots.push(slot);
         }
-        let slots = self.add_slots(pieces)?;
+        let mut slots = diff.keep;
+        slots.extend(self.add_slots(&diff.add)?);
+        slots.sort_unstable_by_key(|(_, p)| p.gpa);
         self.region_slots[index] = slots;
-        Ok(())
+        Ok(diff.remove.len() + diff.add.len())
     }
 
-    fn add_slots(&mut self, pieces: &[SlotPiece]) -> Result<Vec<u32>, VmError> {
+    fn add_slots(&mut self, pieces: &[SlotPiece]) -> Result<Vec<(u32, SlotPiece)>, VmError> {
         if pieces.iter().any(|p| p.readonly) && !self.kvm.check_extension(Cap::ReadonlyMem) {
             return Err(VmError::NoReadonlyMem);
         }
@@ -185,7 +217,7 @@ impl Vm {
             // `GuestMemory` (or an external region), which outlives the VM.
             unsafe { self.fd.set_user_memory_region(mem_region) }
                 .map_err(kvm_err("KVM_SET_USER_MEMORY_REGION"))?;
-            slots.push(slot);
+            slots.push((slot, *piece));
         }
         Ok(slots)
     }
@@ -198,5 +230,62 @@ impl Vm {
     /// The VM file descriptor.
     pub fn fd(&self) -> &VmFd {
         &self.fd
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn piece(gpa: u64, size: u64, readonly: bool) -> SlotPiece {
+        SlotPiece {
+            gpa,
+            size,
+            host_addr: 0x7000_0000_0000 + gpa,
+            readonly,
+        }
+    }
+
+    /// A page copied up in the middle of a read-only piece splits only that piece: the
+    /// writable piece before it and everything after stay registered as they are.
+    #[test]
+    fn a_split_read_only_piece_changes_only_its_own_slots() {
+        const P: u64 = 4096;
+        let old = vec![
+            (0, piece(0, 4 * P, false)),
+            (1, piece(4 * P, 8 * P, true)),
+            (2, piece(12 * P, 4 * P, false)),
+            (3, piece(16 * P, 4 * P, true)),
+            (4, piece(20 * P, 4 * P, false)),
+        ];
+        let new = vec![
+            piece(0, 4 * P, false),
+            piece(4 * P, 2 * P, true),
+            piece(6 * P, P, false),
+            piece(7 * P, 5 * P, true),
+            piece(12 * P, 4 * P, false),
+            piece(16 * P, 4 * P, true),
+            piece(20 * P, 4 * P, false),
+        ];
+        let d = slot_diff(&old, &new);
+        assert_eq!(d.remove, vec![1]);
+        assert_eq!(
+            d.add,
+            vec![
+                piece(4 * P, 2 * P, true),
+                piece(6 * P, P, false),
+                piece(7 * P, 5 * P, true)
+            ]
+        );
+        assert_eq!(d.keep.len(), 4);
+        // Everything copied up: one writable piece replaces all five.
+        let d = slot_diff(&old, &[piece(0, 24 * P, false)]);
+        assert_eq!(d.remove, vec![0, 1, 2, 3, 4]);
+        assert_eq!(d.add, vec![piece(0, 24 * P, false)]);
+        assert!(d.keep.is_empty());
+        // Nothing changed: nothing to do.
+        let same: Vec<SlotPiece> = old.iter().map(|&(_, p)| p).collect();
+        let d = slot_diff(&old, &same);
+        assert!(d.remove.is_empty() && d.add.is_empty());
     }
 }
