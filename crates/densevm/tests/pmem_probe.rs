@@ -294,3 +294,71 @@ fn writes_to_copied_up_pages_stop_exiting_once_the_slots_are_refreshed() {
     check_clean(&top);
     check_clean(&base);
 }
+
+/// Unmounts a scratch tmpfs when dropped.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    /// Mounts a tmpfs of `size` (e.g. "512K") on a fresh directory.
+    fn mount(name: &str, size: &str) -> Tmpfs {
+        let dir = tmpdir(name);
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(&dir)
+            .output()
+            .expect("run mount");
+        assert!(
+            out.status.success(),
+            "this test needs to mount a small tmpfs (root with CAP_SYS_ADMIN): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Tmpfs(dir)
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn a_copy_up_that_cannot_be_stored_stops_the_vm_instead_of_dropping_the_write() {
+    let dir = tmpdir("enospc-base");
+    let base = dir.join("base.pcow");
+    create(&base, "16M", None);
+    run(&[&base], "write pmem0 0 1M 0x44; exit 0");
+    let base_bytes = std::fs::read(&base).unwrap();
+    // The overlay lives on a filesystem too small for any copied cluster.
+    let full = Tmpfs::mount("enospc", "512K");
+    let top = full.0.join("top.pcow");
+    create(&top, "16M", Some(base.to_str().unwrap()));
+    let out = run_probe(&[
+        "--pmem",
+        top.to_str().unwrap(),
+        "--probe",
+        "write pmem0 0 64K 0x55; sum pmem0 0 64K; exit 0",
+    ]);
+    let err = stderr(&out);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "the VM must fail, not go on without the write\nstdout: {}\nstderr: {err}",
+        stdout(&out)
+    );
+    assert!(
+        err.contains("No space left on device") && err.contains("could not be served"),
+        "the error names the cause: {err}"
+    );
+    assert!(
+        !stdout(&out).contains("sum pmem0"),
+        "the guest ran past the failed store: {}",
+        stdout(&out)
+    );
+    assert_eq!(
+        std::fs::read(&base).unwrap(),
+        base_bytes,
+        "base file changed"
+    );
+    check_clean(&top);
+}

@@ -19,8 +19,11 @@ pub enum Outcome {
     /// The page was writable already: the bytes were stored, but KVM's read-only view of
     /// the page is out of date.
     Stale,
-    /// No handler covers the address, or it could not serve the write (the vCPU fails).
-    Unserved,
+    /// A handler covers the address but could not serve the write (e.g. the image's
+    /// filesystem is full): the vCPU fails rather than drop the store.
+    Failed,
+    /// No handler covers the address (an ordinary MMIO access).
+    NotCovered,
 }
 
 /// Serves a write at `offset` into the region; `data` are the MMIO bytes, if any.
@@ -56,5 +59,5 @@ pub fn handle(gpa: u64, data: Option<&[u8]>) -> Outcome {
             return f(gpa - base, data);
         }
     }
-    Outcome::Unserved
+    Outcome::NotCovered
 }

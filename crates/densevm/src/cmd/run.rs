@@ -275,7 +275,7 @@ impl PmemRegions {
                             Ok(GuestWrite::AlreadyWritable) => Outcome::Stale,
                             Err(e) => {
                                 tracing::error!("pmem: guest write at offset {offset:#x}: {e}");
-                                Outcome::Unserved
+                                Outcome::Failed
                             }
                         }
                     });

@@ -316,7 +316,8 @@ impl Vcpu {
                     shared.note_stale(id, events);
                     Step::Continue
                 }
-                Outcome::Unserved => match shared.mmio.write(addr, data) {
+                Outcome::Failed => self.fail(events, VcpuFailure::MemoryFault { gpa: Some(addr) }),
+                Outcome::NotCovered => match shared.mmio.write(addr, data) {
                     Some(Some(req)) => self.request(events, req),
                     Some(None) => Step::Continue,
                     None => {
@@ -360,8 +361,10 @@ impl Vcpu {
             // pmem: a write to a read-only host page in a writable slot on hardware KVM; the
             // guest retries it after the copy-up.
             VcpuExit::MemoryFault { gpa, .. } => match write_fault::handle(gpa, None) {
-                Outcome::Unserved => self.fail(events, VcpuFailure::MemoryFault { gpa: Some(gpa) }),
-                _ => {
+                Outcome::Failed | Outcome::NotCovered => {
+                    self.fail(events, VcpuFailure::MemoryFault { gpa: Some(gpa) })
+                }
+                Outcome::Served | Outcome::Stale => {
                     let (last, count) = self.repeated_fault;
                     let count = if last == gpa { count + 1 } else { 1 };
                     self.repeated_fault = (gpa, count);
