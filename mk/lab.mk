@@ -6,6 +6,9 @@
 LAB_DENSEVM ?= $(abspath $(or $(CARGO_TARGET_DIR),target))/release/densevm
 LAB_SCRIPT ?= lab/tests/qemu-l2-boot.sh
 LAB_TESTS ?= $(sort $(wildcard lab/tests/*.sh))
+# Limit for one lab test's whole L1 run: each test takes 0.5–3 minutes here, but TCG runs
+# everything several times slower on a loaded host, and a test's own timeouts fire first.
+LAB_TEST_TIMEOUT ?= 1500
 
 .PHONY: guest lab test-lab bench-lab test-kernel-real
 
@@ -22,10 +25,10 @@ lab: guest
 test-lab: guest test-kernel-real
 	@mkdir -p build/lab/tests; failed=""; for t in $(LAB_TESTS); do \
 	  echo "== lab test $$t"; out=build/lab/tests/$$(basename $$t .sh).out; \
-	  DENSEVM=$(LAB_DENSEVM) lab/run $$t 2>&1 | tee $$out; \
+	  DENSEVM=$(LAB_DENSEVM) LAB_TIMEOUT=$(LAB_TEST_TIMEOUT) lab/run $$t 2>&1 | tee $$out; \
 	  if grep -q "^lab: error: L1 ended" $$out; then \
 	    echo "lab: L1 died before the script ended (not a test verdict); running $$t once more"; \
-	    DENSEVM=$(LAB_DENSEVM) lab/run $$t 2>&1 | tee $$out; \
+	    DENSEVM=$(LAB_DENSEVM) LAB_TIMEOUT=$(LAB_TEST_TIMEOUT) lab/run $$t 2>&1 | tee $$out; \
 	  fi; \
 	  grep -q "^lab: script exited with 0 after" $$out || failed="$$failed $$t"; \
 	done; \

@@ -100,7 +100,7 @@ guest_pmem_script() {
 # JSON report goes to LOG.json (see json_number).
 run_pmem_guest() {
   _b64=$(printf '%s\n' "$4" | base64 | tr -d '\n')
-  timeout 400 densevm run --kernel "$GUEST_VMLINUX" --initrd "$GUEST_INITRD" --memory 256M \
+  timeout 600 densevm run --kernel "$GUEST_VMLINUX" --initrd "$GUEST_INITRD" --memory 256M \
     --report-json "$1.json" --pmem "$2" --cmdline "console=ttyS0 panic=-1 quiet modules=$3 densevm.script=$_b64" > "$1" 2>&1
   _status=$?
   grep -E 'DENSEVM|/mnt' "$1" | head -n 20

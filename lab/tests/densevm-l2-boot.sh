@@ -15,7 +15,7 @@ CPU_SCRIPT=$(printf 'echo DENSEVM-CPUS=$(grep -c ^processor /proc/cpuinfo)\n' | 
 boot() { # boot NAME KERNEL : one VM to poweroff, 2 vCPUs
   log="/tmp/$1.log"
   start=$(uptime_s)
-  timeout 300 densevm run --kernel "$2" --initrd "$GUEST_INITRD" --memory 256M --cpus 2 \
+  timeout 600 densevm run --kernel "$2" --initrd "$GUEST_INITRD" --memory 256M --cpus 2 \
     --cmdline "$CMDLINE densevm.script=$CPU_SCRIPT" --trace > "$log" 2>&1
   status=$?
   echo "--- $1 (exit $status, $(awk -v a="$start" -v b="$(uptime_s)" 'BEGIN{printf "%.1f", b-a}') s) ---"
@@ -41,7 +41,7 @@ for i in 1 2 3; do
   pids="$pids $!"
 done
 for i in 1 2 3; do
-  wait_for_line "/tmp/share$i.log" DENSEVM-GUEST-INIT 400 || fail "share VM $i: no init marker"
+  wait_for_line "/tmp/share$i.log" DENSEVM-GUEST-INIT 600 || fail "share VM $i: no init marker"
 done
 sleep 2
 set -- $pids

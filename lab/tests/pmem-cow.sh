@@ -14,7 +14,7 @@ raw() { # raw IMAGE OUT: the image's guest-visible bytes
   densevm image convert -f pcow -O raw "$1" "$2" || fail "convert $1 to raw"
 }
 probe() { # probe IMAGE SCRIPT
-  timeout 120 densevm run --pmem "$1" --cpus 2 --probe "$2" > probe.log 2>&1
+  timeout 300 densevm run --pmem "$1" --cpus 2 --probe "$2" > probe.log 2>&1
   status=$?
   cat probe.log
   [ "$status" = 0 ] || fail "densevm run --pmem $1 --probe '$2' exited with $status"

@@ -35,7 +35,7 @@ for i in 1 2; do
   pids="$pids $!"
 done
 for i in 1 2; do
-  wait_for_line "/tmp/share$i.log" DENSEVM-GUEST-HOLD 400 || { tail -n 20 "/tmp/share$i.log"; fail "VM $i did not finish its read"; }
+  wait_for_line "/tmp/share$i.log" DENSEVM-GUEST-HOLD 600 || { tail -n 20 "/tmp/share$i.log"; fail "VM $i did not finish its read"; }
   grep -q 'DENSEVM-GUEST-EXIT=0' "/tmp/share$i.log" || { tail -n 20 "/tmp/share$i.log"; fail "VM $i: the read script failed"; }
 done
 ok=1

@@ -9,7 +9,7 @@ need_l2_densevm
 tmpfs_workdir /tmp/pmem-linux
 
 densevm image create base.pcow 16M || fail "image create"
-timeout 120 densevm run --pmem base.pcow --probe 'write pmem0 0 1M 0x11; exit 0' ||
+timeout 300 densevm run --pmem base.pcow --probe 'write pmem0 0 1M 0x11; exit 0' ||
   fail "probe could not fill the base image"
 densevm image create top.pcow 16M -b base.pcow || fail "image create -b"
 

@@ -8,7 +8,7 @@ need_file "$GUEST_BZIMAGE" "$GUEST_INITRD"
 
 log=/tmp/qemu-l2.log
 start=$(uptime_s)
-timeout 240 qemu-system-x86_64 -enable-kvm -cpu host -smp 2 -m 256 -nodefaults -no-user-config \
+timeout 480 qemu-system-x86_64 -enable-kvm -cpu host -smp 2 -m 256 -nodefaults -no-user-config \
   -display none -no-reboot -serial "file:$log" \
   -kernel "$GUEST_BZIMAGE" -initrd "$GUEST_INITRD" \
   -append "console=ttyS0 panic=-1 quiet modules=virtio_pci,9pnet_virtio,nd_e820"
