@@ -35,9 +35,8 @@ pub(crate) struct Counters {
 #[derive(Default)]
 pub(crate) struct State {
     pub copied: HashMap<u64, [u64; 8]>,
-    /// `(offset, len)` mapped read-only from lower layers when the region was mapped.
-    pub initial_readonly: Vec<(u64, u64)>,
-    /// `(offset, len)` copied up since then (merged lazily by [`Inner::readonly_ranges`]).
+    /// `(offset, len)` copied up since the region was mapped (merged lazily by
+    /// [`Inner::readonly_ranges`]).
     pub copied_up: Vec<(u64, u64)>,
 }
 
@@ -63,6 +62,8 @@ pub(crate) struct Inner {
     pub writable: bool,
     /// Clusters of at most this many units are copied whole on the first write.
     pub whole_cluster_units: u32,
+    /// `(offset, len)` mapped read-only from lower layers when the region was mapped.
+    pub initial_readonly: Vec<(u64, u64)>,
     pub state: Mutex<State>,
     pub counters: Counters,
     /// Allocations since the last pool refill; the refill thread waits on `refill_cv`.
@@ -208,7 +209,7 @@ impl Inner {
     pub fn readonly_ranges(&self) -> Vec<(u64, u64)> {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let merged = merge_ranges(std::mem::take(&mut state.copied_up));
-        let now = subtract_ranges(&state.initial_readonly, &merged);
+        let now = subtract_ranges(&self.initial_readonly, &merged);
         state.copied_up = merged;
         now
     }

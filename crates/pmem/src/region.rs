@@ -92,7 +92,6 @@ pub struct PmemRegion {
     threads: Vec<JoinHandle<()>>,
     startup: Duration,
     initial_runs: usize,
-    lower_ranges: Vec<(u64, u64)>,
 }
 
 /// What [`WriteFaultHandle::guest_write`] did.
@@ -297,6 +296,7 @@ impl PmemRegion {
         let reserved = size.next_multiple_of(cs);
         let base = reserve(reserved, cs.max(2 << 20))?;
         let uffd = Uffd::new().map_err(PmemError::Userfaultfd)?;
+        let runs = initial_runs(&chain, size);
         let inner = Arc::new(Inner {
             base,
             size,
@@ -307,6 +307,12 @@ impl PmemRegion {
             fds,
             writable,
             whole_cluster_units: opts.whole_cluster_units,
+            initial_readonly: runs
+                .iter()
+                .filter(|r| !r.writable)
+                .map(|r| (r.offset, r.len.min(size - r.offset.min(size))))
+                .filter(|&(_, len)| len > 0)
+                .collect(),
             state: Mutex::new(State::default()),
             counters: Counters::default(),
             refill: Mutex::new((0, false)),
@@ -331,7 +337,6 @@ impl PmemRegion {
                     source: e,
                 })
             })?;
-        let runs = initial_runs(&chain, size);
         for r in &runs {
             inner.map_run(r).map_err(unmap)?;
         }
@@ -382,17 +387,6 @@ impl PmemRegion {
                 threads.push(t);
             }
         }
-        let lower_ranges: Vec<(u64, u64)> = runs
-            .iter()
-            .filter(|r| !r.writable)
-            .map(|r| (r.offset, r.len.min(size - r.offset.min(size))))
-            .filter(|&(_, len)| len > 0)
-            .collect();
-        inner
-            .state
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .initial_readonly = lower_ranges.clone();
         Ok(PmemRegion {
             inner,
             uffd,
@@ -402,7 +396,6 @@ impl PmemRegion {
             threads,
             startup: started.elapsed(),
             initial_runs: runs.len(),
-            lower_ranges,
         })
     }
 
@@ -436,7 +429,7 @@ impl PmemRegion {
     /// Pages copied up later stay inside these ranges until the VMM re-registers its slots
     /// from [`WriteFaultHandle::readonly_ranges`].
     pub fn lower_layer_ranges(&self) -> &[(u64, u64)] {
-        &self.lower_ranges
+        &self.inner.initial_readonly
     }
     /// A handle for the VMM's vCPU write-fault exit path.
     pub fn write_fault_handle(&self) -> WriteFaultHandle {

@@ -267,7 +267,7 @@ impl PmemRegions {
             .enumerate()
             .map(|(i, (_, r))| {
                 let handle = r.write_fault_handle();
-                let ranges = r.write_fault_handle();
+                let ranges = handle.clone();
                 let hook: densevm_vmm::write_fault::Handler =
                     std::sync::Arc::new(move |offset: u64, data: Option<&[u8]>| {
                         match handle.guest_write(offset, data) {
