@@ -84,6 +84,8 @@ pub struct Vm {
     free_slots: Vec<u32>,
     /// The lowest slot number never used.
     next_slot: u32,
+    /// KVM_CAP_NR_MEMSLOTS, read once by [`Vm::register_memory`].
+    slot_limit: usize,
 }
 
 impl Vm {
@@ -102,6 +104,7 @@ impl Vm {
             region_slots: Vec::new(),
             free_slots: Vec::new(),
             next_slot: 0,
+            slot_limit: 0,
         })
     }
 
@@ -132,12 +135,17 @@ impl Vm {
         let per_region: Vec<Vec<SlotPiece>> =
             memory.regions().iter().map(|r| r.slot_pieces()).collect();
         let pieces: usize = per_region.iter().map(Vec::len).sum();
-        let limit = self.kvm.get_nr_memslots();
-        if pieces > limit {
+        self.slot_limit = self.kvm.get_nr_memslots();
+        if pieces > self.slot_limit {
             return Err(VmError::TooManySlots {
                 needed: pieces,
-                limit,
+                limit: self.slot_limit,
             });
+        }
+        // Refreshes only shrink read-only ranges, so this check covers them too.
+        let readonly = per_region.iter().flatten().any(|p| p.readonly);
+        if readonly && !self.kvm.check_extension(Cap::ReadonlyMem) {
+            return Err(VmError::NoReadonlyMem);
         }
         for region in &per_region {
             let slots = self.add_slots(region)?;
@@ -156,7 +164,7 @@ impl Vm {
             .filter(|&(i, _)| i != index)
             .map(|(_, s)| s.len())
             .sum();
-        self.kvm.get_nr_memslots().saturating_sub(others)
+        self.slot_limit.saturating_sub(others)
     }
 
     /// Replaces the slots of region `index` (in the order [`Vm::register_memory`] saw the
@@ -197,9 +205,6 @@ impl Vm {
     }
 
     fn add_slots(&mut self, pieces: &[SlotPiece]) -> Result<Vec<(u32, SlotPiece)>, VmError> {
-        if pieces.iter().any(|p| p.readonly) && !self.kvm.check_extension(Cap::ReadonlyMem) {
-            return Err(VmError::NoReadonlyMem);
-        }
         let mut slots = Vec::with_capacity(pieces.len());
         for piece in pieces {
             let slot = self.free_slots.pop().unwrap_or_else(|| {
