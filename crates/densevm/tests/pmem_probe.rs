@@ -63,6 +63,16 @@ fn sum(out: &str, what: &str) -> u64 {
     u64::from_str_radix(line.trim(), 16).unwrap()
 }
 
+/// Creates `base.pcow` (16 MiB) in a fresh directory `name` and has the probe write `byte`
+/// over its first `len` bytes; returns the directory and the base's path.
+fn filled_base(name: &str, len: &str, byte: &str) -> (PathBuf, PathBuf) {
+    let dir = tmpdir(name);
+    let base = dir.join("base.pcow");
+    create(&base, "16M", None);
+    run(&[&base], &format!("write pmem0 0 {len} {byte}; exit 0"));
+    (dir, base)
+}
+
 fn check_clean(path: &Path) {
     common::assert_image_clean(path, "");
 }
@@ -151,10 +161,7 @@ fn guest_writes_copy_on_write_over_a_snapshot_and_rollback_restores() {
 
 #[test]
 fn guest_writes_over_a_base_image_leave_it_untouched() {
-    let dir = tmpdir("base");
-    let base = dir.join("base.pcow");
-    create(&base, "16M", None);
-    run(&[&base], "write pmem0 0 128K 0x44; exit 0");
+    let (dir, base) = filled_base("base", "128K", "0x44");
     let base_bytes = std::fs::read(&base).unwrap();
     let top = dir.join("top.pcow");
     create(&top, "16M", Some("base.pcow"));
@@ -235,10 +242,7 @@ fn three_vcpus_fault_copy_on_write_and_expansion_concurrently() {
 
 #[test]
 fn writes_to_copied_up_pages_stop_exiting_once_the_slots_are_refreshed() {
-    let dir = tmpdir("refresh");
-    let base = dir.join("base.pcow");
-    create(&base, "16M", None);
-    run(&[&base], "write pmem0 0 256K 0x44; exit 0");
+    let (dir, base) = filled_base("refresh", "256K", "0x44");
     let top = dir.join("top.pcow");
     create(&top, "16M", Some("base.pcow"));
     // Two passes of 8-byte stores over 64 base pages, with a second vCPU spinning in the
@@ -324,10 +328,7 @@ impl Drop for Tmpfs {
 
 #[test]
 fn a_copy_up_that_cannot_be_stored_stops_the_vm_instead_of_dropping_the_write() {
-    let dir = tmpdir("enospc-base");
-    let base = dir.join("base.pcow");
-    create(&base, "16M", None);
-    run(&[&base], "write pmem0 0 1M 0x44; exit 0");
+    let (_, base) = filled_base("enospc-base", "1M", "0x44");
     let base_bytes = std::fs::read(&base).unwrap();
     // The overlay lives on a filesystem too small for any copied cluster.
     let full = Tmpfs::mount("enospc", "512K");

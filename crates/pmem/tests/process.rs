@@ -6,7 +6,8 @@ mod common;
 use std::sync::Arc;
 
 use common::{
-    assert_clean, create, fill, map, open, read_chain, slice, tmpdir, CLUSTER, MIB, PAGE,
+    assert_clean, base_and_top, create, fill, map, open, read_chain, slice, tmpdir, CLUSTER, MIB,
+    PAGE,
 };
 use densevm_pmem::GuestWrite;
 
@@ -85,13 +86,8 @@ fn writes_to_a_snapshot_copy_4k_and_rollback_restores() {
 
 #[test]
 fn writes_over_a_base_image_leave_the_base_untouched() {
-    let dir = tmpdir("base");
-    let base = dir.join("base.pcow");
-    create(&base, 16 * MIB, None);
-    fill(&base, MIB, 0x44);
+    let (base, top) = base_and_top(&tmpdir("base"), 16 * MIB, MIB, 0x44);
     let base_bytes = std::fs::read(&base).unwrap();
-    let top = dir.join("top.pcow");
-    create(&top, 16 * MIB, Some("base.pcow"));
     {
         let r = map(&top);
         let m = slice(&r);
@@ -123,12 +119,7 @@ fn writes_over_a_base_image_leave_the_base_untouched() {
 
 #[test]
 fn copied_up_pages_leave_the_readonly_ranges() {
-    let dir = tmpdir("readonly-ranges");
-    let base = dir.join("base.pcow");
-    create(&base, 16 * MIB, None);
-    fill(&base, MIB, 0x44);
-    let top = dir.join("top.pcow");
-    create(&top, 16 * MIB, Some("base.pcow"));
+    let (base, top) = base_and_top(&tmpdir("readonly-ranges"), 16 * MIB, MIB, 0x44);
     {
         let r = map(&top);
         assert_eq!(r.lower_layer_ranges(), &[(0, MIB)]);
@@ -179,12 +170,7 @@ fn copied_up_pages_leave_the_readonly_ranges() {
 
 #[test]
 fn concurrent_faults_allocate_and_copy_exactly_once() {
-    let dir = tmpdir("conc");
-    let base = dir.join("base.pcow");
-    create(&base, 32 * MIB, None);
-    fill(&base, 4 * MIB, 0x77);
-    let top = dir.join("top.pcow");
-    create(&top, 32 * MIB, Some("base.pcow"));
+    let (_, top) = base_and_top(&tmpdir("conc"), 32 * MIB, 4 * MIB, 0x77);
     const THREADS: u64 = 8;
     let clusters = 8 * MIB / CLUSTER; // half over the base (CoW), half unallocated
     {

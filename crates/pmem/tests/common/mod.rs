@@ -63,6 +63,17 @@ pub fn fill(path: &Path, len: u64, byte: u8) -> Chain {
     c
 }
 
+/// Creates `base.pcow` in `dir` (`size` bytes, its first `filled` bytes set to `byte`) and
+/// an empty `top.pcow` over it; returns their paths.
+pub fn base_and_top(dir: &Path, size: u64, filled: u64, byte: u8) -> (PathBuf, PathBuf) {
+    let base = dir.join("base.pcow");
+    create(&base, size, None);
+    fill(&base, filled, byte);
+    let top = dir.join("top.pcow");
+    create(&top, size, Some("base.pcow"));
+    (base, top)
+}
+
 /// Maps the chain whose top image is `path` (opened writable) with `opts`.
 pub fn map_with(path: &Path, opts: MapOptions) -> PmemRegion {
     PmemRegion::map(SharedChain::new(open(path, true)), opts)
