@@ -1,0 +1,113 @@
+//! A virtio-pci device's interrupts: the [`Interrupt`] its device raises, turned into the
+//! MSI-X vector the driver chose for each queue and for configuration changes.
+
+use super::common_cfg::{status, NO_VECTOR};
+use crate::Interrupt;
+use densevm_devices::pci::Msix;
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU8, Ordering};
+use std::sync::Mutex;
+
+const ISR_QUEUE: u8 = 1;
+const ISR_CONFIG: u8 = 2;
+
+/// Interrupt state shared by a virtio-pci transport (vCPU threads) and its device's workers.
+pub struct PciInterrupt {
+    msix: Mutex<Msix>,
+    queue_vectors: Vec<AtomicU16>,
+    config_vector: AtomicU16,
+    isr: AtomicU8,
+    needs_reset: AtomicBool,
+}
+
+impl PciInterrupt {
+    pub(super) fn new(msix: Msix, queues: usize) -> Self {
+        Self {
+            msix: Mutex::new(msix),
+            queue_vectors: (0..queues).map(|_| AtomicU16::new(NO_VECTOR)).collect(),
+            config_vector: AtomicU16::new(NO_VECTOR),
+            isr: AtomicU8::new(0),
+            needs_reset: AtomicBool::new(false),
+        }
+    }
+
+    fn msix(&self) -> std::sync::MutexGuard<'_, Msix> {
+        self.msix.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(super) fn vector_count(&self) -> usize {
+        self.msix().len()
+    }
+
+    pub(super) fn set_vectors(&self, config: u16, queues: impl Iterator<Item = u16>) {
+        self.config_vector.store(config, Ordering::Release);
+        for (slot, v) in self.queue_vectors.iter().zip(queues) {
+            slot.store(v, Ordering::Release);
+        }
+    }
+
+    pub(super) fn reset(&self) {
+        self.set_vectors(NO_VECTOR, std::iter::repeat(NO_VECTOR));
+        self.isr.store(0, Ordering::Release);
+        self.needs_reset.store(false, Ordering::Release);
+    }
+
+    pub(super) fn needs_reset_bits(&self) -> u8 {
+        if self.needs_reset.load(Ordering::Acquire) {
+            status::DEVICE_NEEDS_RESET
+        } else {
+            0
+        }
+    }
+
+    /// The transport itself found the device unusable (bad rings at activation).
+    pub(super) fn fail(&self) {
+        self.needs_reset();
+    }
+
+    pub(super) fn take_isr(&self) -> u8 {
+        self.isr.swap(0, Ordering::AcqRel)
+    }
+
+    pub(super) fn set_msix_control(&self, enabled: bool, masked: bool) {
+        self.msix().set_control(enabled, masked);
+    }
+
+    pub(super) fn read_msix_table(&self, offset: u64, data: &mut [u8]) {
+        self.msix().read_table(offset, data);
+    }
+
+    pub(super) fn write_msix_table(&self, offset: u64, data: &[u8]) {
+        self.msix().write_table(offset, data);
+    }
+
+    pub(super) fn read_msix_pba(&self, offset: u64, data: &mut [u8]) {
+        self.msix().read_pba(offset, data);
+    }
+
+    fn raise(&self, vector: u16, isr: u8) {
+        self.isr.fetch_or(isr, Ordering::AcqRel);
+        if vector != NO_VECTOR {
+            self.msix().trigger(vector);
+        }
+    }
+}
+
+impl Interrupt for PciInterrupt {
+    fn notify_queue(&self, queue: u16) {
+        let vector = self
+            .queue_vectors
+            .get(usize::from(queue))
+            .map_or(NO_VECTOR, |v| v.load(Ordering::Acquire));
+        self.raise(vector, ISR_QUEUE);
+    }
+
+    fn notify_config(&self) {
+        self.raise(self.config_vector.load(Ordering::Acquire), ISR_CONFIG);
+    }
+
+    fn needs_reset(&self) {
+        if !self.needs_reset.swap(true, Ordering::AcqRel) {
+            self.notify_config();
+        }
+    }
+}
