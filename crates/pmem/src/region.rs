@@ -111,6 +111,12 @@ pub struct WriteFaultHandle {
 }
 
 impl WriteFaultHandle {
+    /// The region's sync point ([`PmemRegion::flush`]), for a device that flushes on the
+    /// guest's request (virtio-pmem) while the region stays mapped.
+    pub fn flush(&self) -> Result<()> {
+        self.inner.flush()
+    }
+
     /// A vCPU wrote to region offset `offset` but the host page is read-only (a lower-layer
     /// cluster): on PVM this arrives as `KVM_EXIT_MMIO` with `is_write`, on hardware KVM as
     /// `EFAULT`/`KVM_EXIT_MEMORY_FAULT`. Copies the page up and maps it writable. If `data`

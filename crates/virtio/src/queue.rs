@@ -62,6 +62,9 @@ pub fn complete(
 
 /// Pops the next available chain, or `None` when the ring is empty. Unlike
 /// `Queue::pop_descriptor_chain`, a corrupt available index is an error, not "empty".
-pub fn pop<'m>(queue: &mut Queue, mem: &'m Mem) -> Result<Option<DescriptorChain<&'m Mem>>, RingError> {
+pub fn pop<'m>(
+    queue: &mut Queue,
+    mem: &'m Mem,
+) -> Result<Option<DescriptorChain<&'m Mem>>, RingError> {
     Ok(queue.iter(mem)?.next())
 }

@@ -56,11 +56,15 @@ impl MockQueue {
     }
 
     fn u16_at(&self, addr: u64) -> u16 {
-        self.mem.read_obj::<u16>(GuestAddress(addr)).expect("ring in memory")
+        self.mem
+            .read_obj::<u16>(GuestAddress(addr))
+            .expect("ring in memory")
     }
 
     fn set_u16(&self, addr: u64, v: u16) {
-        self.mem.write_obj(v, GuestAddress(addr)).expect("ring in memory");
+        self.mem
+            .write_obj(v, GuestAddress(addr))
+            .expect("ring in memory");
     }
 
     /// The device side of this queue, set up as a driver would.

@@ -3,6 +3,9 @@
 
 pub mod arch;
 pub mod boot;
+pub mod builder;
+pub mod config;
+pub mod device_manager;
 pub mod memory;
 pub mod report;
 pub mod trace;
@@ -10,7 +13,6 @@ pub mod vmm;
 pub mod vstate;
 pub mod write_fault;
 
+pub use config::{place_external_regions, ExternalRegion, Payload, VmConfig};
 pub use memory::MergePolicy;
-pub use vmm::{
-    place_external_regions, run_vm, ExternalRegion, Payload, RunOutcome, VmConfig, VmEnd, VmmError,
-};
+pub use vmm::{run_vm, RunOutcome, VmEnd, Vmm, VmmError};

@@ -58,7 +58,8 @@ pub struct RunArgs {
     pub timeout: Option<f64>,
     /// Map a pcow image (with its backing chain) into guest memory above RAM as region
     /// `pmem0`, `pmem1`, ... (repeatable). Guest writes go straight into the image. Linux
-    /// guests see it as e820 persistent memory (`/dev/pmemN` with nd_e820 + nd_pmem).
+    /// guests get a virtio-pmem device (`/dev/pmemN` with virtio_pci + virtio_pmem +
+    /// nd_pmem; DAX-capable): each guest fsync there makes the image durable.
     #[arg(long, value_name = "IMAGE")]
     pub pmem: Vec<std::path::PathBuf>,
     /// Which guest memory the host's same-page merging (KSM) may fold across VMs: `boot`
@@ -67,6 +68,20 @@ pub struct RunArgs {
     /// (`echo 1 > /sys/kernel/mm/ksm/run`).
     #[arg(long, value_enum, default_value_t = Merge::Boot)]
     pub merge: Merge,
+    /// A virtio-blk disk for a Linux guest (repeatable; /dev/vda, /dev/vdb, ...):
+    /// PATH[,readonly][,format=raw|pcow]. Format: pcow for a `.pcow` name, raw otherwise.
+    /// Raw disks are files or block devices; pcow images bring their snapshots and base chain.
+    #[arg(long, value_name = "PATH[,OPTS]", value_parser = crate::cmd::devices::parse_disk)]
+    pub disk: Vec<crate::cmd::devices::DiskSpec>,
+    /// Share a host directory with a Linux guest over virtio-9p (repeatable):
+    /// HOSTDIR,tag=TAG[,readonly][,uid-map=G:H[:N]][,gid-map=G:H[:N]]. In the guest:
+    /// `mount -t 9p -o trans=virtio,version=9p2000.L,msize=524288 TAG /mnt`.
+    #[arg(long, value_name = "DIR,tag=TAG[,OPTS]", value_parser = crate::cmd::devices::parse_share)]
+    pub share: Vec<crate::cmd::devices::ShareSpec>,
+    /// Give a Linux guest a virtio-rng entropy device fed by the host's getrandom
+    /// (`/dev/hwrng` with the virtio_rng module).
+    #[arg(long)]
+    pub rng: bool,
 }
 
 /// `--merge`: the command-line form of [`MergePolicy`].
@@ -191,6 +206,10 @@ pub fn main(args: RunArgs) -> anyhow::Result<i32> {
         Some(s) => Some(Duration::from_secs_f64(s)),
         None => None,
     };
+    if args.kernel.is_none() && (!args.disk.is_empty() || !args.share.is_empty() || args.rng) {
+        bail!("--disk, --share and --rng are virtio devices for a Linux guest: add --kernel FILE");
+    }
+    let devices = crate::cmd::devices::open_devices(&args.disk, &args.share, args.rng)?;
     let pmem = PmemRegions::open(&args.pmem)?;
     let config = VmConfig {
         memory_bytes: args.memory,
@@ -202,6 +221,7 @@ pub fn main(args: RunArgs) -> anyhow::Result<i32> {
         report_memory: args.report || args.report_json.is_some() || args.json,
         external_regions: pmem.external_regions(),
         merge: args.merge.into(),
+        devices,
     };
     let started = Instant::now();
     let outcome = run_vm(config).context("could not start the VM")?;
@@ -279,7 +299,11 @@ impl PmemRegions {
                             }
                         }
                     });
+                let flusher = r.write_fault_handle();
                 densevm_vmm::ExternalRegion {
+                    flush: Some(std::sync::Arc::new(move || {
+                        flusher.flush().map_err(std::io::Error::other)
+                    })),
                     name: format!("pmem{i}"),
                     host_addr: r.host_addr(),
                     size: r.size(),

@@ -98,9 +98,13 @@ impl QueueHandler for Handler {
             return;
         }
         let flush = self.flush.clone();
-        let result = queue::drain(&mut self.queue, 0, &self.mem, self.interrupt.as_ref(), |c| {
-            Self::serve(&flush, &self.mem, c)
-        });
+        let result = queue::drain(
+            &mut self.queue,
+            0,
+            &self.mem,
+            self.interrupt.as_ref(),
+            |c| Self::serve(&flush, &self.mem, c),
+        );
         if let Err(e) = result {
             tracing::warn!("virtio-pmem: the guest's queue is corrupt ({e:?}); device needs reset");
             self.broken = true;
@@ -143,9 +147,13 @@ impl VirtioDevice for Pmem {
         interrupt: Arc<dyn Interrupt>,
         queues: Vec<DeviceQueue>,
     ) -> Result<(), ActivateError> {
-        let [q]: [DeviceQueue; 1] = queues
-            .try_into()
-            .map_err(|v: Vec<_>| ActivateError::QueueCount { want: 1, got: v.len() })?;
+        let [q]: [DeviceQueue; 1] =
+            queues
+                .try_into()
+                .map_err(|v: Vec<_>| ActivateError::QueueCount {
+                    want: 1,
+                    got: v.len(),
+                })?;
         let handler = Handler::new(mem, q.queue, interrupt, self.flush.clone());
         self.worker = Some(Worker::spawn("virtio-pmem", vec![q.event], handler)?);
         Ok(())
@@ -197,10 +205,18 @@ mod tests {
         let (head2, out2) = mq.add_request(&[&7u32.to_le_bytes()], &[4]);
         mq.write(out[0], &[0xff; 4]);
         h.handle_queue(0);
-        assert_eq!(n.load(Ordering::SeqCst), 1, "one flush, for the one flush request");
+        assert_eq!(
+            n.load(Ordering::SeqCst),
+            1,
+            "one flush, for the one flush request"
+        );
         assert_eq!(mq.used(), vec![(u32::from(head), 4), (u32::from(head2), 4)]);
         assert_eq!(mq.read(out[0], 4), 0u32.to_le_bytes());
-        assert_eq!(mq.read(out2[0], 4), 1u32.to_le_bytes(), "unknown type: error");
+        assert_eq!(
+            mq.read(out2[0], 4),
+            1u32.to_le_bytes(),
+            "unknown type: error"
+        );
         assert_eq!(*irq.queues.lock().unwrap(), vec![0]);
     }
 
@@ -227,7 +243,13 @@ mod tests {
         let a = mq.alloc(4);
         mq.add_chain(&[(a, 4, false)]);
         // A descriptor that points at itself.
-        mq.set_desc(10, a, 4, virtio_bindings::bindings::virtio_ring::VRING_DESC_F_NEXT as u16, 10);
+        mq.set_desc(
+            10,
+            a,
+            4,
+            virtio_bindings::bindings::virtio_ring::VRING_DESC_F_NEXT as u16,
+            10,
+        );
         mq.publish(10);
         h.handle_queue(0);
         assert_eq!(mq.used().len(), 3, "each chain is returned");

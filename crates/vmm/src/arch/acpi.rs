@@ -1,7 +1,14 @@
 //! ACPI tables for Linux guests: RSDP → XSDT → {FADT (hardware-reduced, with sleep-control
 //! and reset registers) → DSDT (`_S5_`), MADT (one local APIC per vCPU, the IOAPIC)}.
 
-use acpi_tables::aml::{Device, EISAName, Interrupt, Name, Package, ResourceTemplate, Scope, IO};
+use acpi_tables::aml::{
+    AddressSpace as AmlAddressSpace, AddressSpaceCacheable, Device, EISAName, Interrupt, Name,
+    Package, ResourceTemplate, Scope, IO,
+};
+
+/// The PCI memory window `[start, end)` the DSDT's host bridge declares (where densevm
+/// places BARs: `device_manager::PCI_MMIO_BASE..PCI_MMIO_END`).
+pub const PCI_MMIO_WINDOW: (u32, u32) = (0xd000_0000, 0xfe00_0000);
 use acpi_tables::fadt::{FADTBuilder, Flags};
 use acpi_tables::gas::{AccessSize, AddressSpace, GAS};
 use acpi_tables::madt::{
@@ -62,7 +69,40 @@ pub fn build_tables(cpus: u32) -> Vec<(u64, Vec<u8>)> {
     let uid_name = Name::new("_UID".into(), &uid);
     let crs_name = Name::new("_CRS".into(), &crs);
     let com1 = Device::new("COM1".into(), vec![&hid_name, &uid_name, &crs_name]);
-    dsdt.append_slice(&bytes(&Scope::new("\\_SB_".into(), vec![&com1])));
+    // The PCI host bridge (virtio devices): Linux scans a PCI bus only for the roots ACPI
+    // describes. Config access is mechanism #1 (ports 0xcf8–0xcff, no MCFG); bus 0 only;
+    // BARs come from the 32-bit window densevm assigns them in.
+    let pci_hid = EISAName::new("PNP0A08");
+    let pci_cid = EISAName::new("PNP0A03");
+    let zero = 0u8;
+    let bus = AmlAddressSpace::new_bus_number(0u16, 0u16);
+    let cfg_io = IO::new(0xcf8, 0xcf8, 1, 8);
+    let mmio = AmlAddressSpace::new_memory(
+        AddressSpaceCacheable::NotCacheable,
+        true,
+        PCI_MMIO_WINDOW.0,
+        PCI_MMIO_WINDOW.1 - 1,
+        None,
+    );
+    let pci_crs = ResourceTemplate::new(vec![&bus, &cfg_io, &mmio]);
+    let pci_hid_name = Name::new("_HID".into(), &pci_hid);
+    let pci_cid_name = Name::new("_CID".into(), &pci_cid);
+    let pci_seg = Name::new("_SEG".into(), &zero);
+    let pci_bbn = Name::new("_BBN".into(), &zero);
+    let pci_uid = Name::new("_UID".into(), &zero);
+    let pci_crs_name = Name::new("_CRS".into(), &pci_crs);
+    let pci0 = Device::new(
+        "PCI0".into(),
+        vec![
+            &pci_hid_name,
+            &pci_cid_name,
+            &pci_seg,
+            &pci_bbn,
+            &pci_uid,
+            &pci_crs_name,
+        ],
+    );
+    dsdt.append_slice(&bytes(&Scope::new("\\_SB_".into(), vec![&com1, &pci0])));
     let dsdt_bytes = bytes(&dsdt);
     let dsdt_addr = place(dsdt_bytes.len());
 
@@ -141,5 +181,6 @@ mod tests {
         let dsdt = &tables[1].1;
         assert!(dsdt.windows(4).any(|w| w == b"_S5_"));
         assert!(dsdt.windows(4).any(|w| w == b"COM1"));
+        assert!(dsdt.windows(4).any(|w| w == b"PCI0"));
     }
 }

@@ -316,10 +316,9 @@ pub fn plan(
     })
 }
 
-/// e820 type of persistent memory (ACPI 6 "PRAM"; Linux's `nd_e820` makes it `/dev/pmemN`).
-pub const E820_PMEM: u32 = 12;
-
-fn e820(low_end: u64, high: u64, high_start: u64, pmem: &[(u64, u64)]) -> Vec<(u64, u64, u32)> {
+/// The e820 map: RAM and the reserved BIOS areas. `--pmem` regions are not in it: they
+/// reach Linux as virtio-pmem devices, which name their own range.
+fn e820(low_end: u64, high: u64, high_start: u64) -> Vec<(u64, u64, u32)> {
     let mut map = vec![
         (0, EBDA_START, 1),
         (EBDA_START, 0xa_0000 - EBDA_START, 2),
@@ -329,7 +328,6 @@ fn e820(low_end: u64, high: u64, high_start: u64, pmem: &[(u64, u64)]) -> Vec<(u
     if high > 0 {
         map.push((high_start, high, 1));
     }
-    map.extend(pmem.iter().map(|&(gpa, size)| (gpa, size, E820_PMEM)));
     map
 }
 
@@ -356,14 +354,12 @@ fn write_cmdline(mem: &GuestMemoryMmap, cmdline: &str) -> Result<(), LinuxBootEr
 }
 
 /// Writes everything the kernel needs to find at boot and returns its entry state.
-/// `pmem` lists `(gpa, size)` ranges the e820 map declares as persistent memory.
 pub fn write_boot_data(
     mem: &GuestMemoryMmap,
     plan: &LinuxPlan,
     cmdline: &str,
     cpus: u32,
     high_start: u64,
-    pmem: &[(u64, u64)],
 ) -> Result<LinuxEntry, LinuxBootError> {
     let kernel = plan.view.bytes();
     for (gpa, range) in &plan.copies {
@@ -376,10 +372,10 @@ pub fn write_boot_data(
         mem.write_slice(&table, GuestAddress(addr))?;
     }
     gdt::write_boot_gdt(mem)?;
-    let map = e820(plan.ram.0, plan.ram.1, high_start, pmem);
+    let map = e820(plan.ram.0, plan.ram.1, high_start);
     if map.len() > E820_MAX_ENTRIES {
         return Err(LinuxBootError::Loader(format!(
-            "{} memory map entries, at most {E820_MAX_ENTRIES} fit the boot protocol; use fewer --pmem images",
+            "{} memory map entries, at most {E820_MAX_ENTRIES} fit the boot protocol",
             map.len()
         )));
     }
@@ -473,16 +469,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn pmem_regions_are_persistent_memory_in_the_e820_map() {
-        let map = e820(
-            256 << 20,
-            0,
-            4 << 30,
-            &[(4 << 30, 64 << 20), (5 << 30, 8 << 20)],
-        );
-        let pmem: Vec<_> = map.iter().filter(|e| e.2 == E820_PMEM).copied().collect();
-        assert_eq!(pmem, [(4 << 30, 64 << 20, 12), (5 << 30, 8 << 20, 12)]);
+    fn e820_has_low_and_high_ram_and_nothing_above() {
+        let map = e820(3 << 30, 1 << 30, 4 << 30);
         assert!(map.iter().any(|e| e.2 == 1 && e.0 == 0x10_0000));
+        assert!(map.contains(&(4 << 30, 1 << 30, 1)));
+        assert!(map.iter().all(|e| e.0 + e.1 <= 5 << 30));
     }
 
     #[test]

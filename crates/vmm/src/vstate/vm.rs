@@ -6,6 +6,7 @@ use kvm_bindings::{
 };
 use kvm_ioctls::{Cap, Kvm, VmFd};
 use std::collections::HashSet;
+use std::sync::Arc;
 use thiserror::Error;
 
 /// Address of the TSS KVM needs below 4 GiB (three pages), clear of guest RAM.
@@ -75,7 +76,7 @@ fn slot_diff(old: &[(u32, SlotPiece)], new: &[SlotPiece]) -> SlotDiff {
 /// A VM file descriptor plus the KVM system handle it came from.
 pub struct Vm {
     kvm: Kvm,
-    fd: VmFd,
+    fd: Arc<VmFd>,
     irqchip: bool,
     /// The KVM slots (number and piece) of each region of the registered [`GuestMemory`],
     /// in order.
@@ -99,7 +100,7 @@ impl Vm {
             .map_err(kvm_err("KVM_SET_IDENTITY_MAP_ADDR"))?;
         Ok(Self {
             kvm,
-            fd,
+            fd: Arc::new(fd),
             irqchip: false,
             region_slots: Vec::new(),
             free_slots: Vec::new(),
@@ -235,6 +236,12 @@ impl Vm {
     /// The VM file descriptor.
     pub fn fd(&self) -> &VmFd {
         &self.fd
+    }
+
+    /// The VM file descriptor, for components that outlive a borrow of the `Vm` (interrupt
+    /// routes updated from vCPU threads).
+    pub fn shared_fd(&self) -> Arc<VmFd> {
+        self.fd.clone()
     }
 }
 

@@ -95,7 +95,10 @@ impl CommonCfg {
             status: 0,
             msix_config: NO_VECTOR,
             queue_select: 0,
-            queues: queue_max_sizes.iter().map(|&m| QueueConfig::new(m)).collect(),
+            queues: queue_max_sizes
+                .iter()
+                .map(|&m| QueueConfig::new(m))
+                .collect(),
         }
     }
 
@@ -260,7 +263,10 @@ mod tests {
         c.write(0x0c, &(1u32 << 9).to_le_bytes());
         c.write(0x08, &1u32.to_le_bytes());
         c.write(0x0c, &1u32.to_le_bytes());
-        c.write(0x14, &[status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK]);
+        c.write(
+            0x14,
+            &[status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK],
+        );
         assert_eq!(c.status & status::FEATURES_OK, status::FEATURES_OK);
         c.write(0x16, &1u16.to_le_bytes());
         assert_eq!(r32(&c, 0x18) & 0xffff, 64);
@@ -272,14 +278,24 @@ mod tests {
         c.write(0x1a, &3u16.to_le_bytes());
         c.write(0x1c, &1u16.to_le_bytes());
         c.write(0x20, &0x2000u32.to_le_bytes());
-        assert_eq!(c.queues[1].desc, 0x1_0000_1000, "an enabled queue's rings are fixed");
         assert_eq!(
-            c.write(0x14, &[status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK | status::DRIVER_OK]),
+            c.queues[1].desc, 0x1_0000_1000,
+            "an enabled queue's rings are fixed"
+        );
+        assert_eq!(
+            c.write(
+                0x14,
+                &[status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK | status::DRIVER_OK]
+            ),
             Action::Activate
         );
         assert_eq!(c.write(0x14, &[0]), Action::Reset);
         c.write(0x16, &9u16.to_le_bytes());
-        assert_eq!(r32(&c, 0x18) & 0xffff, 0, "a queue that does not exist has size 0");
+        assert_eq!(
+            r32(&c, 0x18) & 0xffff,
+            0,
+            "a queue that does not exist has size 0"
+        );
         c.write(0x1c, &1u16.to_le_bytes()); // ignored, no panic
     }
 
@@ -292,6 +308,9 @@ mod tests {
         c.write(0x0c, &1u32.to_le_bytes());
         c.write(0x14, &[status::FEATURES_OK]);
         assert_eq!(c.status & status::FEATURES_OK, 0);
-        assert_eq!(c.write(0x14, &[status::FEATURES_OK | status::DRIVER_OK]), Action::None);
+        assert_eq!(
+            c.write(0x14, &[status::FEATURES_OK | status::DRIVER_OK]),
+            Action::None
+        );
     }
 }

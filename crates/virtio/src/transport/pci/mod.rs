@@ -96,9 +96,15 @@ impl VirtioPci {
         });
         config.set_bar0(bar, BAR_SIZE);
         let nvec = vectors.len() as u16;
-        config.add_capability(CAP_ID_VENDOR, &virtio_cap(CAP_COMMON, COMMON_CFG, 0x38, None));
+        config.add_capability(
+            CAP_ID_VENDOR,
+            &virtio_cap(CAP_COMMON, COMMON_CFG, 0x38, None),
+        );
         config.add_capability(CAP_ID_VENDOR, &virtio_cap(CAP_ISR, ISR_CFG, 4, None));
-        config.add_capability(CAP_ID_VENDOR, &virtio_cap(CAP_DEVICE, DEVICE_CFG, REGION_LEN, None));
+        config.add_capability(
+            CAP_ID_VENDOR,
+            &virtio_cap(CAP_DEVICE, DEVICE_CFG, REGION_LEN, None),
+        );
         config.add_capability(
             CAP_ID_VENDOR,
             &virtio_cap(CAP_NOTIFY, NOTIFY_CFG, REGION_LEN, Some(NOTIFY_MULTIPLIER)),
@@ -112,7 +118,10 @@ impl VirtioPci {
         let events = (0..queues)
             .map(|_| EventFd::new(libc::EFD_NONBLOCK))
             .collect::<std::io::Result<Vec<_>>>()?;
-        let common = CommonCfg::new(device.features() | features::VERSION_1, device.queue_max_sizes());
+        let common = CommonCfg::new(
+            device.features() | features::VERSION_1,
+            device.queue_max_sizes(),
+        );
         let interrupt = Arc::new(PciInterrupt::new(Msix::new(vectors, routes), queues));
         Ok(Self {
             device,
@@ -132,7 +141,12 @@ impl VirtioPci {
         self.events
             .iter()
             .enumerate()
-            .map(|(i, e)| (self.bar + NOTIFY_CFG + i as u64 * u64::from(NOTIFY_MULTIPLIER), e))
+            .map(|(i, e)| {
+                (
+                    self.bar + NOTIFY_CFG + i as u64 * u64::from(NOTIFY_MULTIPLIER),
+                    e,
+                )
+            })
             .collect()
     }
 

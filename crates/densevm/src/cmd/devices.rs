@@ -1,0 +1,222 @@
+//! `densevm run`'s device options: `--disk`, `--share`, `--rng`, parsed and checked before
+//! the VM is built, so a bad option never starts a guest.
+
+use anyhow::{bail, Context};
+use densevm_9p::IdMap;
+use densevm_virtio::block::{Block, BlockConfig, ImageFormat};
+use densevm_virtio::p9::{ShareConfig, P9};
+use densevm_virtio::rng::Rng;
+use densevm_virtio::VirtioDevice;
+use std::collections::HashSet;
+use std::path::PathBuf;
+
+/// `--disk PATH[,readonly][,format=raw|pcow]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiskSpec {
+    /// Image file.
+    pub path: PathBuf,
+    /// The guest may not write.
+    pub readonly: bool,
+    /// Image format: explicit, or pcow for a `.pcow` name and raw otherwise (never probed
+    /// from the contents: a guest could write a pcow header into a raw disk).
+    pub pcow: bool,
+}
+
+/// `--share HOSTDIR,tag=TAG[,readonly][,uid-map=G:H[:N]][,gid-map=G:H[:N]]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShareSpec {
+    /// Host directory exported.
+    pub dir: PathBuf,
+    /// The mount tag the guest names.
+    pub tag: String,
+    /// Refuse writes.
+    pub readonly: bool,
+    /// Guest-to-host uid mappings.
+    pub uid_map: Vec<String>,
+    /// Guest-to-host gid mappings.
+    pub gid_map: Vec<String>,
+}
+
+/// The longest mount tag Linux's 9p virtio transport accepts.
+pub const MAX_TAG_LEN: usize = 255;
+
+/// Splits `PATH,opt,opt=value`: the path is everything up to the first comma.
+fn split(spec: &str) -> (&str, Vec<&str>) {
+    let mut parts = spec.split(',');
+    let path = parts.next().unwrap_or("");
+    (path, parts.filter(|p| !p.is_empty()).collect())
+}
+
+/// Parses one `--disk` value.
+pub fn parse_disk(spec: &str) -> anyhow::Result<DiskSpec> {
+    let (path, opts) = split(spec);
+    if path.is_empty() {
+        bail!("--disk needs a file: --disk PATH[,readonly][,format=raw|pcow]");
+    }
+    let mut d = DiskSpec {
+        path: PathBuf::from(path),
+        readonly: false,
+        pcow: path.ends_with(".pcow"),
+    };
+    for o in opts {
+        match o {
+            "readonly" | "ro" => d.readonly = true,
+            "format=raw" => d.pcow = false,
+            "format=pcow" => d.pcow = true,
+            _ => bail!("--disk {spec}: unknown option '{o}' (options: readonly, format=raw|pcow)"),
+        }
+    }
+    Ok(d)
+}
+
+/// Parses one `--share` value.
+pub fn parse_share(spec: &str) -> anyhow::Result<ShareSpec> {
+    let (dir, opts) = split(spec);
+    if dir.is_empty() {
+        bail!("--share needs a host directory: --share HOSTDIR,tag=TAG[,readonly]");
+    }
+    let mut s = ShareSpec {
+        dir: PathBuf::from(dir),
+        tag: String::new(),
+        readonly: false,
+        uid_map: Vec::new(),
+        gid_map: Vec::new(),
+    };
+    for o in opts {
+        match o.split_once('=') {
+            Some(("tag", t)) => s.tag = t.to_string(),
+            Some(("uid-map", m)) => s.uid_map.push(m.to_string()),
+            Some(("gid-map", m)) => s.gid_map.push(m.to_string()),
+            None if o == "readonly" || o == "ro" => s.readonly = true,
+            _ => bail!(
+                "--share {spec}: unknown option '{o}' (options: tag=TAG, readonly, uid-map=G:H[:N], gid-map=G:H[:N])"
+            ),
+        }
+    }
+    if s.tag.is_empty() {
+        bail!("--share {spec}: give the mount tag the guest uses, e.g. --share {dir},tag=host0");
+    }
+    if s.tag.len() > MAX_TAG_LEN || s.tag.bytes().any(|b| b == 0 || b.is_ascii_whitespace()) {
+        bail!("--share {spec}: the tag must be 1..={MAX_TAG_LEN} bytes without spaces");
+    }
+    Ok(s)
+}
+
+/// Checks what can be checked across options: no two shares with one tag, no disk given
+/// twice (two devices writing one file would corrupt it).
+pub fn check_unique(disks: &[DiskSpec], shares: &[ShareSpec]) -> anyhow::Result<()> {
+    let mut tags = HashSet::new();
+    for s in shares {
+        if !tags.insert(&s.tag) {
+            bail!(
+                "two --share options use tag '{}'; give each share its own tag",
+                s.tag
+            );
+        }
+    }
+    let mut files = HashSet::new();
+    for d in disks {
+        let key = std::fs::canonicalize(&d.path)
+            .with_context(|| format!("--disk {}: cannot open it", d.path.display()))?;
+        if !files.insert(key) {
+            bail!(
+                "--disk {} is given twice; a file can back only one disk",
+                d.path.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Checks the options together and opens every device, so that a missing file, a
+/// directory given as a disk or a duplicate tag stops densevm before the VM exists.
+pub fn open_devices(
+    disks: &[DiskSpec],
+    shares: &[ShareSpec],
+    rng: bool,
+) -> anyhow::Result<Vec<Box<dyn VirtioDevice>>> {
+    check_unique(disks, shares)?;
+    let mut devices: Vec<Box<dyn VirtioDevice>> = Vec::new();
+    for d in disks {
+        let cfg = BlockConfig {
+            path: d.path.clone(),
+            readonly: d.readonly,
+            format: if d.pcow {
+                ImageFormat::Pcow
+            } else {
+                ImageFormat::Raw
+            },
+        };
+        let block = Block::open(cfg).with_context(|| format!("--disk {}", d.path.display()))?;
+        devices.push(Box::new(block));
+    }
+    for s in shares {
+        let mut cfg = ShareConfig::new(&s.dir, &s.tag);
+        cfg.server.readonly = s.readonly;
+        cfg.server.uid_map = parse_map(&s.uid_map, "uid")?;
+        cfg.server.gid_map = parse_map(&s.gid_map, "gid")?;
+        let share = P9::new(cfg).with_context(|| format!("--share {}", s.dir.display()))?;
+        devices.push(Box::new(share));
+    }
+    if rng {
+        devices.push(Box::new(Rng::new()));
+    }
+    Ok(devices)
+}
+
+fn parse_map(specs: &[String], what: &str) -> anyhow::Result<IdMap> {
+    let mut map = IdMap::identity();
+    for s in specs {
+        map.add(s).with_context(|| {
+            format!("bad {what}-map in --share; use GUEST:HOST[:COUNT], e.g. 0:1000:1")
+        })?;
+    }
+    Ok(map)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn disk_specs() {
+        let d = parse_disk("/tmp/a.img,readonly").unwrap();
+        assert_eq!((d.readonly, d.pcow), (true, false));
+        assert!(parse_disk("/tmp/a.pcow").unwrap().pcow);
+        assert!(!parse_disk("/tmp/a.pcow,format=raw").unwrap().pcow);
+        assert!(parse_disk("/tmp/a.img,format=pcow").unwrap().pcow);
+        let e = parse_disk("/tmp/a.img,format=qcow2")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown option 'format=qcow2'"), "{e}");
+        assert!(parse_disk("").is_err());
+    }
+
+    #[test]
+    fn share_specs() {
+        let s = parse_share("/srv,tag=host0,readonly,uid-map=0:1000:1").unwrap();
+        assert_eq!(s.tag, "host0");
+        assert!(s.readonly);
+        assert_eq!(s.uid_map, ["0:1000:1"]);
+        let e = parse_share("/srv").unwrap_err().to_string();
+        assert!(e.contains("tag=host0"), "{e}");
+        assert!(parse_share("/srv,tag=a b").is_err());
+        assert!(parse_share("/srv,tag=x,bogus").is_err());
+        let a = parse_share("/a,tag=t").unwrap();
+        let b = parse_share("/b,tag=t").unwrap();
+        let e = check_unique(&[], &[a, b]).unwrap_err().to_string();
+        assert!(e.contains("tag 't'"), "{e}");
+    }
+
+    #[test]
+    fn the_same_disk_twice_is_refused() {
+        let f = std::env::temp_dir().join(format!("densevm-disk-{}", std::process::id()));
+        std::fs::write(&f, [0u8; 512]).unwrap();
+        let d = parse_disk(f.to_str().unwrap()).unwrap();
+        let e = check_unique(&[d.clone(), d], &[]).unwrap_err().to_string();
+        assert!(e.contains("given twice"), "{e}");
+        std::fs::remove_file(&f).unwrap();
+        let e = check_unique(&[parse_disk("/nonexistent/x").unwrap()], &[]).unwrap_err();
+        assert!(format!("{e:#}").contains("cannot open it"));
+    }
+}

@@ -1,0 +1,269 @@
+//! Building a VM from a [`VmConfig`]: memory, the KVM VM and irqchip, devices, vCPUs and
+//! the guest payload. The result is a [`Vmm`] ready to run its event loop.
+
+use crate::arch::cpuid::vcpu_cpuid;
+use crate::boot::{linux, probe, EntryState};
+use crate::config::{place_external_regions, Payload, VmConfig, HIGH_RAM_START, LOW_RAM_END};
+use crate::device_manager::DeviceManager;
+use crate::memory::{Backing, GuestMemory, RegionSpec};
+use crate::trace::BootTrace;
+use crate::vmm::{Vmm, VmmError};
+use crate::vstate::kick;
+use crate::vstate::readonly_slots::ReadonlySlots;
+use crate::vstate::vcpu::{Vcpu, VcpuShared};
+use crate::vstate::vm::Vm;
+use densevm_devices::legacy;
+use kvm_bindings::KVM_MAX_CPUID_ENTRIES;
+use kvm_ioctls::VcpuFd;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use vmm_sys_util::eventfd::EventFd;
+
+fn host_tsc_khz() -> u64 {
+    // Calibrate the host TSC against the monotonic clock (fallback when KVM cannot say).
+    #[cfg(target_arch = "x86_64")]
+    {
+        let t0 = Instant::now();
+        // SAFETY: rdtsc has no memory effects and is available on every x86_64 CPU.
+        let c0 = unsafe { core::arch::x86_64::_rdtsc() };
+        std::thread::sleep(Duration::from_millis(10));
+        // SAFETY: as above.
+        let c1 = unsafe { core::arch::x86_64::_rdtsc() };
+        let us = t0.elapsed().as_micros().max(1) as u64;
+        (c1 - c0) * 1000 / us
+    }
+}
+
+fn create_vcpu(vm: &Vm, index: u32, count: u32) -> Result<VcpuFd, VmmError> {
+    let err = |what| {
+        move |source| VmmError::Vcpu {
+            index,
+            what,
+            source,
+        }
+    };
+    let fd = vm
+        .fd()
+        .create_vcpu(u64::from(index))
+        .map_err(err("KVM_CREATE_VCPU"))?;
+    let cpuid = vm
+        .kvm()
+        .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+        .map_err(err("KVM_GET_SUPPORTED_CPUID"))?;
+    fd.set_cpuid2(&vcpu_cpuid(cpuid, index as u8, count as u8))
+        .map_err(err("KVM_SET_CPUID2"))?;
+    Ok(fd)
+}
+
+fn set_entry_state(fd: &VcpuFd, index: u32, entry: &dyn EntryState) -> Result<(), VmmError> {
+    let err = |what| {
+        move |source| VmmError::Vcpu {
+            index,
+            what,
+            source,
+        }
+    };
+    let sregs = fd.get_sregs().map_err(err("KVM_GET_SREGS"))?;
+    fd.set_sregs(&entry.sregs(index, sregs))
+        .map_err(err("KVM_SET_SREGS"))?;
+    fd.set_regs(&entry.regs(index))
+        .map_err(err("KVM_SET_REGS"))?;
+    Ok(())
+}
+
+/// Local APIC LINT0 as ExtINT (the PIC's output) and LINT1 as NMI, as firmware leaves them.
+fn set_lapic_lints(fd: &VcpuFd) -> Result<(), kvm_ioctls::Error> {
+    const APIC_LVT0: usize = 0x350;
+    const APIC_LVT1: usize = 0x360;
+    const APIC_MODE_EXTINT: u32 = 0x7;
+    const APIC_MODE_NMI: u32 = 0x4;
+    let mut lapic = fd.get_lapic()?;
+    for (offset, mode) in [(APIC_LVT0, APIC_MODE_EXTINT), (APIC_LVT1, APIC_MODE_NMI)] {
+        let mut raw = [0u8; 4];
+        for (i, b) in raw.iter_mut().enumerate() {
+            *b = lapic.regs[offset + i] as u8;
+        }
+        let value = (u32::from_le_bytes(raw) & !0x700) | (mode << 8);
+        for (i, b) in value.to_le_bytes().iter().enumerate() {
+            lapic.regs[offset + i] = *b as _;
+        }
+    }
+    fd.set_lapic(&lapic)
+}
+
+/// Builds the VM described by `config`, ready to run.
+pub fn build(config: VmConfig) -> Result<Vmm, VmmError> {
+    let mut trace = BootTrace::new(config.origin);
+    if config.cpus == 0 || config.cpus > 254 {
+        return Err(VmmError::Config(format!(
+            "--cpus must be 1..=254, got {}",
+            config.cpus
+        )));
+    }
+    kick::install().map_err(|source| VmmError::Host {
+        what: "installing the vCPU kick signal handler",
+        source,
+    })?;
+    let mut vm = Vm::new()?;
+    let placed = place_external_regions(config.memory_bytes, &config.external_regions);
+    let low_end = config.memory_bytes.min(LOW_RAM_END);
+    let high = config.memory_bytes - low_end;
+    let mut linux_plan = match &config.payload {
+        Payload::Linux { kernel, initrd, .. } => Some(linux::plan(
+            kernel,
+            initrd.as_deref(),
+            low_end,
+            high,
+            HIGH_RAM_START,
+        )?),
+        Payload::Probe(_) => None,
+    };
+    let linux = linux_plan.is_some();
+    if !linux && !config.devices.is_empty() {
+        return Err(VmmError::Config(
+            "virtio devices (--disk, --share, --rng) need a Linux guest (--kernel); the probe guest has no PCI".into(),
+        ));
+    }
+    let mut specs = match linux_plan.as_mut() {
+        Some(plan) => std::mem::take(&mut plan.regions),
+        None => crate::memory::ram_with_windows(low_end, high, HIGH_RAM_START, Vec::new()),
+    };
+    for (region, (name, gpa, size)) in config.external_regions.iter().zip(&placed) {
+        specs.push(RegionSpec {
+            name: name.clone(),
+            gpa: *gpa,
+            size: *size,
+            backing: Backing::External {
+                host_addr: region.host_addr,
+                kvm_readonly: region.kvm_readonly.clone(),
+            },
+        });
+    }
+    let write_fault_hooks: Vec<crate::write_fault::Registration> = config
+        .external_regions
+        .iter()
+        .zip(&placed)
+        .filter_map(|(region, &(_, gpa, size))| {
+            let handler = region.write_fault.clone()?;
+            Some(crate::write_fault::register(gpa, size, handler))
+        })
+        .collect();
+    let memory = GuestMemory::new(specs)?;
+    let merged = memory.advise_merge(config.merge)?;
+    tracing::debug!("{merged} bytes of guest memory marked for same-page merging");
+    vm.register_memory(&memory)?;
+    let readonly_slots = ReadonlySlots::new(
+        config
+            .external_regions
+            .iter()
+            .filter_map(|region| {
+                let ranges = region.readonly_ranges.clone()?;
+                let index = memory
+                    .regions()
+                    .iter()
+                    .position(|r| r.name == region.name)?;
+                Some((index, memory.regions()[index].clone(), ranges))
+            })
+            .collect(),
+    );
+
+    // Linux takes interrupts: in-kernel PIC/IOAPIC/LAPIC and PIT. The probe needs none
+    // and runs without, so its HLT exits to the VMM.
+    if linux {
+        vm.create_irqchip()?;
+    }
+    let host_err = |what| move |source| VmmError::Host { what, source };
+    let serial_irq = EventFd::new(libc::EFD_NONBLOCK).map_err(host_err("eventfd"))?;
+    if linux {
+        vm.fd()
+            .register_irqfd(&serial_irq, legacy::COM1_GSI)
+            .map_err(|source| {
+                VmmError::Vm(crate::vstate::vm::VmError::Kvm {
+                    what: "KVM_IRQFD (serial)",
+                    source,
+                })
+            })?;
+    }
+    let serial_evt = serial_irq.try_clone().map_err(host_err("eventfd clone"))?;
+    let mut devices = DeviceManager::new(&vm, config.console, serial_evt, linux)?;
+    if linux {
+        for (region, &(_, gpa, size)) in config.external_regions.iter().zip(&placed) {
+            if let Some(flush) = region.flush.clone() {
+                let pmem = densevm_virtio::pmem::Pmem::new(gpa, size, flush);
+                devices.add_virtio(&vm, memory.mem(), Box::new(pmem))?;
+            }
+        }
+    }
+    for device in config.devices {
+        devices.add_virtio(&vm, memory.mem(), device)?;
+    }
+
+    let fds = (0..config.cpus)
+        .map(|i| create_vcpu(&vm, i, config.cpus))
+        .collect::<Result<Vec<_>, _>>()?;
+    let entry: Box<dyn EntryState> = match (&config.payload, &linux_plan) {
+        (Payload::Probe(script), _) => {
+            let tsc_khz = fds[0]
+                .get_tsc_khz()
+                .map(u64::from)
+                .unwrap_or_else(|_| host_tsc_khz());
+            let ram_low = memory.regions()[0].size;
+            Box::new(probe::load_probe(
+                memory.mem(),
+                ram_low,
+                memory.end(),
+                config.cpus,
+                script,
+                &placed,
+                tsc_khz,
+            )?)
+        }
+        (Payload::Linux { cmdline, .. }, Some(plan)) => {
+            for (i, fd) in fds.iter().enumerate() {
+                set_lapic_lints(fd).map_err(|source| VmmError::Vcpu {
+                    index: i as u32,
+                    what: "KVM_SET_LAPIC",
+                    source,
+                })?;
+            }
+            Box::new(linux::write_boot_data(
+                memory.mem(),
+                plan,
+                cmdline,
+                config.cpus,
+                HIGH_RAM_START,
+            )?)
+        }
+        (Payload::Linux { .. }, None) => unreachable!("a Linux payload always has a plan"),
+    };
+    let mut vcpus = Vec::new();
+    for (i, fd) in (0..config.cpus).zip(fds) {
+        // With an irqchip, application processors wait for the guest's INIT/SIPI.
+        if !linux || i == 0 {
+            set_entry_state(&fd, i, entry.as_ref())?;
+        }
+        vcpus.push(Vcpu::new(i, fd));
+    }
+    drop(serial_irq);
+    trace.mark("vm_ready");
+
+    let shared = Arc::new(VcpuShared::new(
+        devices.pio.clone(),
+        devices.mmio.clone(),
+        vm.has_irqchip(),
+        config.cpus,
+    ));
+    Ok(Vmm {
+        vm,
+        memory,
+        vcpus,
+        shared,
+        devices,
+        readonly_slots,
+        trace,
+        write_fault_hooks,
+        timeout: config.timeout,
+        cpus: config.cpus,
+        report_memory: config.report_memory,
+    })
+}

@@ -1,0 +1,155 @@
+//! The VM's devices: legacy PC devices on the port bus, and virtio devices as virtio-pci
+//! functions on PCI bus 0 — each with its BAR on the MMIO bus, a KVM ioeventfd per queue
+//! (the guest's notification signals the device's worker without a VMM exit) and an irqfd
+//! per MSI-X vector, routed by [`IrqRoutes`].
+
+use crate::vmm::VmmError;
+use crate::vstate::irq_routes::{IrqRoutes, IOAPIC_PINS};
+use crate::vstate::vm::{Vm, VmError};
+use densevm_devices::legacy::{self, AcpiPm, Cmos, DebugPort, Serial, I8042};
+use densevm_devices::pci::{MsixVector, PciRoot, PCI_CONFIG_BASE, PCI_CONFIG_LEN};
+use densevm_devices::Bus;
+use densevm_virtio::transport::pci::{VirtioPci, BAR_SIZE};
+use densevm_virtio::{Mem, VirtioDevice};
+use kvm_ioctls::{IoEventAddress, NoDatamatch};
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use vmm_sys_util::eventfd::EventFd;
+
+/// Where PCI BARs are placed: in the 32-bit hole above low RAM, below the IOAPIC (the
+/// window the DSDT's host bridge declares).
+pub const PCI_MMIO_BASE: u32 = crate::arch::acpi::PCI_MMIO_WINDOW.0;
+/// End of the BAR window.
+pub const PCI_MMIO_END: u32 = crate::arch::acpi::PCI_MMIO_WINDOW.1;
+
+/// The buses and the devices on them.
+pub struct DeviceManager {
+    /// Port I/O bus.
+    pub pio: Bus,
+    /// MMIO bus (PCI BARs).
+    pub mmio: Bus,
+    pci: Option<Arc<Mutex<PciRoot>>>,
+    routes: Option<Arc<IrqRoutes>>,
+    next_gsi: u32,
+    next_bar: u32,
+    /// The virtio-pci functions, in the order they were added.
+    pub virtio: Vec<Arc<Mutex<VirtioPci>>>,
+}
+
+fn host_err(what: &'static str) -> impl Fn(std::io::Error) -> VmmError {
+    move |source| VmmError::Host { what, source }
+}
+
+fn kvm_err(what: &'static str) -> impl Fn(kvm_ioctls::Error) -> VmmError {
+    move |source| VmmError::Vm(VmError::Kvm { what, source })
+}
+
+impl DeviceManager {
+    /// The legacy devices: COM1 (raising `serial_irq`), i8042, the debug ports and, for a
+    /// Linux guest (`linux`), CMOS, the ACPI PM registers and the PCI root.
+    pub fn new(
+        vm: &Vm,
+        console: Box<dyn Write + Send>,
+        serial_irq: EventFd,
+        linux: bool,
+    ) -> Result<Self, VmmError> {
+        let mut pio = Bus::new();
+        let bus_err = |e: densevm_devices::BusError| VmmError::Config(e.to_string());
+        pio.insert(
+            Arc::new(Mutex::new(Serial::new(serial_irq, console))),
+            legacy::COM1_BASE,
+            legacy::SERIAL_LEN,
+        )
+        .map_err(bus_err)?;
+        pio.insert(
+            Arc::new(Mutex::new(I8042::new())),
+            legacy::I8042_BASE,
+            legacy::I8042_LEN,
+        )
+        .map_err(bus_err)?;
+        pio.insert(
+            Arc::new(Mutex::new(DebugPort)),
+            legacy::DEBUG_PORT_BASE,
+            legacy::DEBUG_PORT_LEN,
+        )
+        .map_err(bus_err)?;
+        let mut pci = None;
+        let mut routes = None;
+        if linux {
+            pio.insert(
+                Arc::new(Mutex::new(Cmos::new())),
+                legacy::CMOS_BASE,
+                legacy::CMOS_LEN,
+            )
+            .map_err(bus_err)?;
+            pio.insert(
+                Arc::new(Mutex::new(AcpiPm)),
+                legacy::ACPI_PM_BASE,
+                legacy::ACPI_PM_LEN,
+            )
+            .map_err(bus_err)?;
+            let root = Arc::new(Mutex::new(PciRoot::new()));
+            pio.insert(root.clone(), PCI_CONFIG_BASE, PCI_CONFIG_LEN)
+                .map_err(bus_err)?;
+            pci = Some(root);
+            routes = Some(Arc::new(IrqRoutes::new(vm.shared_fd())));
+        }
+        Ok(Self {
+            pio,
+            mmio: Bus::new(),
+            pci,
+            routes,
+            next_gsi: IOAPIC_PINS,
+            next_bar: PCI_MMIO_BASE,
+            virtio: Vec::new(),
+        })
+    }
+
+    /// Adds `device` as a virtio-pci function: BAR, ioeventfds, MSI-X vectors with irqfds.
+    pub fn add_virtio(
+        &mut self,
+        vm: &Vm,
+        mem: &Mem,
+        device: Box<dyn VirtioDevice>,
+    ) -> Result<(), VmmError> {
+        let (Some(pci), Some(routes)) = (&self.pci, &self.routes) else {
+            return Err(VmmError::Config(
+                "virtio devices need a Linux guest (--kernel); the probe guest has no PCI".into(),
+            ));
+        };
+        if self.next_bar > PCI_MMIO_END - BAR_SIZE {
+            return Err(VmmError::Config(
+                "too many virtio devices for the PCI window".into(),
+            ));
+        }
+        let mut vectors = Vec::new();
+        for _ in 0..VirtioPci::vectors_needed(device.as_ref()) {
+            let trigger = EventFd::new(libc::EFD_NONBLOCK).map_err(host_err("eventfd"))?;
+            let gsi = self.next_gsi;
+            self.next_gsi += 1;
+            vm.fd()
+                .register_irqfd(&trigger, gsi)
+                .map_err(kvm_err("KVM_IRQFD (MSI-X vector)"))?;
+            vectors.push(MsixVector { gsi, trigger });
+        }
+        let bar = self.next_bar;
+        let transport = VirtioPci::new(device, mem.clone(), bar, vectors, routes.clone())
+            .map_err(host_err("virtio queue eventfds"))?;
+        for (addr, event) in transport.notify_addresses() {
+            vm.fd()
+                .register_ioevent(event, &IoEventAddress::Mmio(addr), NoDatamatch)
+                .map_err(kvm_err("KVM_IOEVENTFD (virtio notification)"))?;
+        }
+        let transport = Arc::new(Mutex::new(transport));
+        self.mmio
+            .insert(transport.clone(), u64::from(bar), u64::from(BAR_SIZE))
+            .map_err(|e| VmmError::Config(e.to_string()))?;
+        pci.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .add(transport.clone())
+            .ok_or_else(|| VmmError::Config("PCI bus 0 is full (31 devices)".into()))?;
+        self.next_bar += BAR_SIZE;
+        self.virtio.push(transport);
+        Ok(())
+    }
+}
