@@ -79,7 +79,10 @@ impl ConfigSpace {
     pub fn add_capability(&mut self, id: u8, body: &[u8]) -> usize {
         let at = self.next_cap;
         let len = (2 + body.len()).next_multiple_of(4);
-        assert!(at + len <= REGS * 4, "PCI capabilities overflow config space");
+        assert!(
+            at + len <= REGS * 4,
+            "PCI capabilities overflow config space"
+        );
         self.set_byte(self.last_cap_next, at as u8);
         self.set_byte(at, id);
         self.set_byte(at + 1, 0);
@@ -178,7 +181,11 @@ mod tests {
         c.write(4, 0, &0xd000_0000u32.to_le_bytes());
         assert_eq!(c.read(4), 0xc000_0000, "BARs stay where densevm put them");
         c.write(1, 0, &0xffffu16.to_le_bytes());
-        assert_eq!(c.read(1) & 0xffff, 0x0406, "only memory, bus master, INTx-disable");
+        assert_eq!(
+            c.read(1) & 0xffff,
+            0x0406,
+            "only memory, bus master, INTx-disable"
+        );
         assert_eq!(c.read(5), 0, "no second BAR");
         assert_eq!(c.read(64), u32::MAX);
     }
@@ -194,7 +201,11 @@ mod tests {
         assert_eq!(c.read(a / 4) >> 8 & 0xff, b as u32, "first links to second");
         assert_eq!(c.read(b / 4) >> 8 & 0xff, 0, "last ends the list");
         c.write(b / 4, 2, &0xffffu16.to_le_bytes());
-        assert_eq!(c.read_u16(b + 2), 0xc003, "control bits written, table size kept");
+        assert_eq!(
+            c.read_u16(b + 2),
+            0xc003,
+            "control bits written, table size kept"
+        );
         c.write(b / 4 + 1, 0, &[0xff; 4]);
         assert_eq!(c.read(b / 4 + 1), 0x4000, "table offset is read-only");
     }

@@ -92,7 +92,10 @@ impl Msix {
 
     fn table_dwords(&self, offset: u64, len: usize) -> u64 {
         let dword = |o: u64| -> u64 {
-            let (e, w) = ((o / MSIX_ENTRY_SIZE) as usize, ((o % MSIX_ENTRY_SIZE) / 4) as usize);
+            let (e, w) = (
+                (o / MSIX_ENTRY_SIZE) as usize,
+                ((o % MSIX_ENTRY_SIZE) / 4) as usize,
+            );
             self.entries.get(e).map_or(0, |x| u64::from(x[w]))
         };
         if offset % 4 != 0 || !(len == 4 || len == 8) {
@@ -114,7 +117,10 @@ impl Msix {
         }
         for (i, chunk) in data.chunks_exact(4).enumerate() {
             let o = offset + 4 * i as u64;
-            let (e, w) = ((o / MSIX_ENTRY_SIZE) as usize, ((o % MSIX_ENTRY_SIZE) / 4) as usize);
+            let (e, w) = (
+                (o / MSIX_ENTRY_SIZE) as usize,
+                ((o % MSIX_ENTRY_SIZE) / 4) as usize,
+            );
             let value = u32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
             let Some(entry) = self.entries.get_mut(e) else {
                 continue;
@@ -219,7 +225,13 @@ mod tests {
         m.write_table(24, &0x4041u32.to_le_bytes());
         assert_eq!(
             routes.0.lock().unwrap().last(),
-            Some(&(25, MsiMessage { address: 0xfee0_0000, data: 0x4041 }))
+            Some(&(
+                25,
+                MsiMessage {
+                    address: 0xfee0_0000,
+                    data: 0x4041
+                }
+            ))
         );
         m.trigger(1);
         assert!(!fired(&m.vectors[1]), "entries start masked");

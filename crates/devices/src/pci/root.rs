@@ -158,13 +158,21 @@ mod tests {
     fn host_bridge_answers_and_other_functions_are_absent() {
         let mut d = PciRoot::new();
         d.write(0, &0x8000_0000u32.to_le_bytes());
-        assert_eq!(read32(&mut d, 0), 0x8000_0000, "the address latch reads back");
+        assert_eq!(
+            read32(&mut d, 0),
+            0x8000_0000,
+            "the address latch reads back"
+        );
         assert_eq!(read32(&mut d, 4), 0x0d57_8086);
         d.write(0, &0x8000_0008u32.to_le_bytes());
         assert_eq!(read32(&mut d, 4) >> 8, 0x06_00_00);
         let mut word = [0u8; 2];
         d.read(6, &mut word);
-        assert_eq!(u16::from_le_bytes(word), 0x0600, "a word read at +2 of the data port");
+        assert_eq!(
+            u16::from_le_bytes(word),
+            0x0600,
+            "a word read at +2 of the data port"
+        );
         d.write(0, &(0x8000_0000u32 | 1 << 11).to_le_bytes()); // device 1
         assert_eq!(read32(&mut d, 4), u32::MAX);
         d.write(0, &0x0000_0000u32.to_le_bytes()); // disabled
@@ -194,6 +202,10 @@ mod tests {
         for _ in 2..32 {
             assert!(d.add(f.clone()).is_some());
         }
-        assert_eq!(d.add(f), None, "bus 0 holds 31 functions besides the bridge");
+        assert_eq!(
+            d.add(f),
+            None,
+            "bus 0 holds 31 functions besides the bridge"
+        );
     }
 }
