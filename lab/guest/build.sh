@@ -3,6 +3,10 @@
 #   build/guest/vmlinuz         bzImage of the newest linux-image-6.1.0-N-amd64
 #   build/guest/vmlinux         ELF vmlinux extracted by `densevm kernel extract`
 #   build/guest/initrd.cpio.gz  busybox-static init + virtio/pmem/9p modules
+#   build/guest/initrd-tools.cpio.gz  the same plus e2fsprogs' mke2fs as /sbin/mkfs.ext4
+#                               (busybox's mke2fs makes ext2 only) and /bin/rio (4 KiB random
+#                               I/O, lab/guest/rio.c) with their shared libraries; a separate
+#                               initrd so that the plain one (boot density) stays small
 #   build/guest/kernel-release  e.g. 6.1.0-56-amd64; kernel-package: package=version
 # Idempotent: each step runs only when its output is missing or older than its inputs.
 # Env: DENSEVM (densevm binary, default target/release/densevm),
@@ -76,6 +80,26 @@ if newer initrd.cpio.gz "$here/init" "$here/modules.txt" /bin/busybox kernel-rel
   mv initrd.cpio.gz.tmp initrd.cpio.gz
 fi
 
+# 3b. Tools initrd: initrd-root plus real ext4 tools and the random-I/O program, built
+#     with the host's cc against the host's libc, which is packed along (ldd).
+if newer initrd-tools.cpio.gz initrd.cpio.gz "$here/rio.c" /sbin/mke2fs "$0"; then
+  log "building initrd-tools.cpio.gz"
+  command -v cc > /dev/null || die "no C compiler (cc) for lab/guest/rio.c; apt-get install gcc"
+  [ -x /sbin/mke2fs ] || die "missing /sbin/mke2fs; apt-get install e2fsprogs"
+  [ -d initrd-root ] || die "initrd-root is missing; delete $GUEST_DIR/initrd.cpio.gz and rerun"
+  cc -O2 -s -Wall -o rio "$here/rio.c"
+  rm -rf tools-root && cp -a initrd-root tools-root
+  # busybox --install puts its own mke2fs (ext2 only) first on the guest's PATH, so the
+  # real one goes in as mkfs.ext4 (mke2fs named so defaults to -t ext4).
+  cp -L /sbin/mke2fs tools-root/sbin/mkfs.ext4
+  [ -f /etc/mke2fs.conf ] && cp /etc/mke2fs.conf tools-root/etc/
+  cp rio tools-root/bin/rio
+  copy_libs tools-root /sbin/mke2fs rio
+  (cd tools-root && find . -print0 | LC_ALL=C sort -z | cpio --null -o -H newc --quiet -R 0:0) | gzip -6 > initrd-tools.cpio.gz.tmp
+  mv initrd-tools.cpio.gz.tmp initrd-tools.cpio.gz
+  rm -rf tools-root
+fi
+
 # 4. vmlinux, extracted by densevm itself.
 if newer vmlinux vmlinuz; then
   [ -x "$DENSEVM" ] || die "missing $DENSEVM; run 'make build' first"
@@ -83,4 +107,4 @@ if newer vmlinux vmlinuz; then
   # densevm writes a temporary file and renames it, so mapped copies stay intact.
   "$DENSEVM" kernel extract vmlinuz -o vmlinux
 fi
-log "guest ready in $GUEST_DIR: $(cat kernel-package), vmlinuz $(stat -c %s vmlinuz) B, vmlinux $(stat -c %s vmlinux) B, initrd $(stat -c %s initrd.cpio.gz) B"
+log "guest ready in $GUEST_DIR: $(cat kernel-package), vmlinuz $(stat -c %s vmlinuz) B, vmlinux $(stat -c %s vmlinux) B, initrd $(stat -c %s initrd.cpio.gz) B, tools initrd $(stat -c %s initrd-tools.cpio.gz) B"

@@ -54,19 +54,30 @@ resolve_modules() {
     }' "$moddir/modules.dep"
 }
 
-# copy_with_libs DEST BINARY... : copies each binary and the shared libraries
-# ldd reports for it into the root DEST, keeping their absolute paths.
-copy_with_libs() {
+# copy_libs DEST BINARY... : copies the shared libraries ldd reports for each binary
+# into the root DEST, keeping their absolute paths.
+copy_libs() {
   local dest="$1" bin lib
   shift
   for bin in "$@"; do
     [ -x "$bin" ] || die "missing binary $bin"
-    mkdir -p "$dest$(dirname "$bin")"
-    cp -L "$bin" "$dest$bin"
     for lib in $(ldd "$bin" 2>/dev/null | awk '/=> \//{print $3} /^[ \t]*\/[^ ]+ \(/{print $1}'); do
       [ -e "$dest$lib" ] && continue
       mkdir -p "$dest$(dirname "$lib")"
       cp -L "$lib" "$dest$lib"
     done
+  done
+}
+
+# copy_with_libs DEST BINARY... : copies each binary (absolute path) and the shared
+# libraries ldd reports for it into the root DEST, keeping their absolute paths.
+copy_with_libs() {
+  local dest="$1" bin
+  shift
+  for bin in "$@"; do
+    [ -x "$bin" ] || die "missing binary $bin"
+    mkdir -p "$dest$(dirname "$bin")"
+    cp -L "$bin" "$dest$bin"
+    copy_libs "$dest" "$bin"
   done
 }
