@@ -8,7 +8,7 @@
 need_l2_densevm
 dir=/tmp/pmem-dax-share
 tmpfs_workdir "$dir"
-MODULES=nd_e820,nd_pmem,crc32c_generic,ext4
+MODULES=virtio_pci,virtio_pmem,nd_pmem,crc32c_generic,ext4
 b64() { base64 | tr -d '\n'; }
 
 densevm image create base.pcow 64M || fail "image create"

@@ -11,7 +11,7 @@ tmpfs_workdir /tmp/pmem-dax
 densevm image create fs.pcow 64M || fail "image create"
 
 log=/tmp/pmem-dax.log
-run_pmem_guest "$log" fs.pcow nd_e820,nd_pmem,crc32c_generic,ext4 "$(guest_pmem_script)
+run_pmem_guest "$log" fs.pcow virtio_pci,virtio_pmem,nd_pmem,crc32c_generic,ext4 "$(guest_pmem_script)
 cached() { awk '/^Cached:/ { print \$2 }' /proc/meminfo; }
 mke2fs -b 4096 /dev/pmem0 > /dev/null || exit 4
 mkdir -p /mnt

@@ -1,6 +1,6 @@
 #!/bin/sh
 # A Linux guest writes a pcow image through persistent memory (issue 5's "later issue":
-# --pmem as an e820 type-12 range, /dev/pmem0 through the kernel's nd_e820 + nd_pmem).
+# --pmem as a virtio-pmem device, /dev/pmem0 through the kernel's virtio_pmem + nd_pmem).
 # The image is an overlay on a base that a probe guest filled: Linux must read the base's
 # bytes, its writes over them are copied up through the read-only KVM slots, its writes
 # past them expand the overlay thinly, and the base stays unchanged.
@@ -16,7 +16,7 @@ densevm image create top.pcow 16M -b base.pcow || fail "image create -b"
 # In the guest: the first bytes come from the base; then 64 KiB of 'C' over the base
 # (copy-up) and 1 MiB of 'E' at 4 MiB (expansion), each flushed.
 log=/tmp/pmem-linux.log
-run_pmem_guest "$log" top.pcow nd_e820,nd_pmem "$(guest_pmem_script)
+run_pmem_guest "$log" top.pcow virtio_pci,virtio_pmem,nd_pmem "$(guest_pmem_script)
 echo \"DENSEVM-PMEM-SIZE=\$(cat /sys/block/pmem0/size)\"
 first=\$(dd if=/dev/pmem0 bs=4096 count=1 2>/dev/null | od -An -tx1 | head -n 1 | tr -s ' ')
 echo \"DENSEVM-PMEM-FIRST=\$first\"

@@ -11,7 +11,7 @@ start=$(uptime_s)
 timeout 480 qemu-system-x86_64 -enable-kvm -cpu host -smp 2 -m 256 -nodefaults -no-user-config \
   -display none -no-reboot -serial "file:$log" \
   -kernel "$GUEST_BZIMAGE" -initrd "$GUEST_INITRD" \
-  -append "console=ttyS0 panic=-1 quiet modules=virtio_pci,9pnet_virtio,nd_e820"
+  -append "console=ttyS0 panic=-1 quiet modules=virtio_pci,9pnet_virtio,virtio_pmem"
 status=$?
 end=$(uptime_s)
 echo "--- L2 serial console ---"
