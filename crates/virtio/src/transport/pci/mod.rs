@@ -6,6 +6,8 @@
 
 mod common_cfg;
 mod interrupt;
+#[cfg(test)]
+mod tests;
 
 pub use common_cfg::{status, Action, CommonCfg, QueueConfig, NO_VECTOR};
 pub use interrupt::PciInterrupt;
