@@ -135,6 +135,9 @@ fn trace_and_memory_report_json() {
     let guest_rss = doc["guest"]["rss_kib"].as_u64().unwrap();
     assert!(guest_rss >= 16 * 1024, "guest rss {guest_rss} KiB");
     assert!(doc["uss_kib"].as_u64().unwrap() >= guest_rss);
+    // The VMM's own anonymous memory (heap, stacks) is part of its overhead, guest RAM not.
+    let anon = doc["vmm_overhead"]["anon_kib"].as_u64().unwrap();
+    assert!(anon > 0 && anon < 16 * 1024, "vmm anon {anon} KiB: {doc}");
     let trace = doc["trace_ms"].as_object().unwrap();
     let t = |k: &str| {
         trace[k]

@@ -14,6 +14,10 @@ pub struct MemFigures {
     pub uss_kib: u64,
     /// Proportional set size.
     pub pss_kib: u64,
+    /// Resident anonymous memory (heap, stacks, thread arenas, anonymous guest RAM): never
+    /// shared with another VM, unlike the pages of the densevm binary and its libraries,
+    /// which USS also counts while a single densevm process maps them.
+    pub anon_kib: u64,
 }
 
 /// Memory report of a running VM.
@@ -41,6 +45,8 @@ fn add_line(fig: &mut MemFigures, line: &str) {
         fig.pss_kib += v;
     } else if let Some(v) = field(line, "Private_Clean").or_else(|| field(line, "Private_Dirty")) {
         fig.uss_kib += v;
+    } else if let Some(v) = field(line, "Anonymous") {
+        fig.anon_kib += v;
     }
 }
 
@@ -88,12 +94,14 @@ pub fn memory_report_of(pid: &str, regions: &[RegionInfo]) -> io::Result<MemoryR
         guest.rss_kib += fig.rss_kib;
         guest.uss_kib += fig.uss_kib;
         guest.pss_kib += fig.pss_kib;
+        guest.anon_kib += fig.anon_kib;
         per_region.push((r.name.clone(), fig));
     }
     let vmm_overhead = MemFigures {
         rss_kib: process.rss_kib.saturating_sub(guest.rss_kib),
         uss_kib: process.uss_kib.saturating_sub(guest.uss_kib),
         pss_kib: process.pss_kib.saturating_sub(guest.pss_kib),
+        anon_kib: process.anon_kib.saturating_sub(guest.anon_kib),
     };
     Ok(MemoryReport {
         process,
@@ -113,6 +121,7 @@ Rss:                   8 kB
 Pss:                   8 kB
 Private_Clean:         0 kB
 Private_Dirty:         8 kB
+Anonymous:             8 kB
 7000-9000 r--p 00000000 08:01 12 /bin/x
 Rss:                   8 kB
 Pss:                   4 kB
@@ -129,7 +138,8 @@ Private_Dirty:         0 kB
             MemFigures {
                 rss_kib: 8,
                 uss_kib: 8,
-                pss_kib: 8
+                pss_kib: 8,
+                anon_kib: 8,
             }
         );
         let fig = parse_smaps_range(SMAPS, 0, 0x10000);
@@ -138,7 +148,8 @@ Private_Dirty:         0 kB
             MemFigures {
                 rss_kib: 16,
                 uss_kib: 8,
-                pss_kib: 12
+                pss_kib: 12,
+                anon_kib: 8,
             }
         );
         assert_eq!(parse_rollup(SMAPS).pss_kib, 12);
@@ -171,6 +182,7 @@ Private_Dirty:         0 kB
         };
         let report = memory_report(&[region]).unwrap();
         assert_eq!(report.guest.rss_kib, 2048);
+        assert_eq!(report.guest.anon_kib, 2048);
         assert!(report.process.rss_kib >= report.guest.rss_kib);
         // SAFETY: unmapping the mapping created above.
         unsafe { libc::munmap(ptr, size) };

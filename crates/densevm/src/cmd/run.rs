@@ -162,13 +162,13 @@ fn summary(args: &RunArgs, outcome: &RunOutcome, pmem: &PmemRegions) -> Value {
 
 fn print_report(m: &MemoryReport) {
     eprintln!(
-        "{:<22} {:>10} {:>10} {:>10}",
-        "memory (KiB)", "RSS", "USS", "PSS"
+        "{:<22} {:>10} {:>10} {:>10} {:>10}",
+        "memory (KiB)", "RSS", "USS", "PSS", "anon"
     );
     let row = |name: &str, f: &densevm_vmm::report::MemFigures| {
         eprintln!(
-            "{:<22} {:>10} {:>10} {:>10}",
-            name, f.rss_kib, f.uss_kib, f.pss_kib
+            "{:<22} {:>10} {:>10} {:>10} {:>10}",
+            name, f.rss_kib, f.uss_kib, f.pss_kib, f.anon_kib
         )
     };
     row("VMM process", &m.process);
