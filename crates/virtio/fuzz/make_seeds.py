@@ -1,4 +1,5 @@
-# Generates crates/virtio/fuzz/seeds (layout documented in crates/virtio/src/block/fuzz.rs).
+# Generates crates/virtio/fuzz/seeds (layout documented in crates/virtio/src/block/fuzz.rs):
+#   python3 make_seeds.py seeds
 import struct, sys, os
 out = sys.argv[1]
 R, NEXT, W, IND = 0, 1, 2, 4
