@@ -1,0 +1,176 @@
+//! virtio-rng: entropy for the guest from the host's `getrandom(2)`.
+//!
+//! One queue; the driver posts device-writable buffers and the device fills them (at most
+//! [`MAX_PER_REQUEST`] bytes a chain), returning the number of bytes written. No feature
+//! bits beyond the common ones, no configuration space.
+
+use crate::device::{ActivateError, DeviceQueue, VirtioDevice};
+use crate::queue::{self, RingError};
+use crate::worker::{QueueHandler, Worker};
+use crate::{device_type, features, Interrupt, Mem};
+use std::io::Write;
+use std::sync::Arc;
+use virtio_queue::{DescriptorChain, Queue, QueueT};
+
+/// Size of the queue.
+pub const QUEUE_SIZE: u16 = 256;
+
+/// Most bytes given for one chain (Linux asks for at most a few KiB at a time).
+pub const MAX_PER_REQUEST: usize = 64 << 10;
+
+/// Bytes drawn from the host per `getrandom` call (a stack buffer).
+const CHUNK: usize = 4096;
+
+/// The virtio-rng device.
+#[derive(Default)]
+pub struct Rng {
+    acked: u64,
+    worker: Option<Worker<Handler>>,
+}
+
+impl Rng {
+    /// A device, not yet activated.
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+/// Fills `buf` from the host's entropy pool; false if `getrandom` fails.
+fn getrandom(buf: &mut [u8]) -> bool {
+    let mut done = 0;
+    while done < buf.len() {
+        let rest = &mut buf[done..];
+        // SAFETY: `rest` is a valid, writable buffer of `rest.len()` bytes for the duration of
+        // the call; getrandom writes at most that many bytes into it.
+        let n = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
+        if n < 0 {
+            let err = std::io::Error::last_os_error();
+            if err.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            tracing::warn!("virtio-rng: getrandom failed: {err}");
+            return false;
+        }
+        done += n as usize;
+    }
+    true
+}
+
+/// Fills one chain's writable buffers; returns the bytes written (0 for a chain without
+/// writable buffers or with a buffer outside guest memory).
+fn fill(chain: DescriptorChain<&Mem>, mem: &Mem) -> u32 {
+    let Ok(mut writer) = chain.writer(mem) else {
+        tracing::debug!("virtio-rng: chain with buffers outside guest memory");
+        return 0;
+    };
+    let mut left = writer.available_bytes().min(MAX_PER_REQUEST);
+    let mut chunk = [0u8; CHUNK];
+    while left > 0 {
+        let n = left.min(CHUNK);
+        if !getrandom(&mut chunk[..n]) || writer.write_all(&chunk[..n]).is_err() {
+            break;
+        }
+        left -= n;
+    }
+    // Entropy handed out must not linger on the host stack.
+    chunk.fill(0);
+    writer.bytes_written() as u32
+}
+
+/// Serves every chain available on `queue` on the calling thread, in order, and raises the
+/// queue's interrupt when the driver wants one: the synchronous, thread-free entry point
+/// (fuzzing, tests; the device's worker runs the same). Returns the number of chains served,
+/// or the ring error after which the device needs a reset.
+pub fn process_queue(
+    queue: &mut Queue,
+    mem: &Mem,
+    interrupt: &dyn Interrupt,
+) -> Result<usize, RingError> {
+    queue::drain(queue, 0, mem, interrupt, |chain| fill(chain, mem))
+}
+
+/// The worker's state.
+struct Handler {
+    queue: Queue,
+    mem: Mem,
+    interrupt: Arc<dyn Interrupt>,
+    broken: bool,
+}
+
+impl QueueHandler for Handler {
+    fn handle_queue(&mut self, _index: usize) {
+        if self.broken {
+            return;
+        }
+        if let Err(e) = process_queue(&mut self.queue, &self.mem, &*self.interrupt) {
+            tracing::warn!("virtio-rng: ring error, the device needs a reset: {e}");
+            self.broken = true;
+            self.interrupt.needs_reset();
+        }
+    }
+}
+
+impl VirtioDevice for Rng {
+    fn device_type(&self) -> u32 {
+        device_type::RNG
+    }
+
+    fn queue_max_sizes(&self) -> &[u16] {
+        &[QUEUE_SIZE]
+    }
+
+    fn features(&self) -> u64 {
+        features::COMMON
+    }
+
+    fn ack_features(&mut self, features: u64) {
+        self.acked = features & self.features();
+    }
+
+    fn read_config(&self, _offset: u64, data: &mut [u8]) {
+        data.fill(0);
+    }
+
+    fn activate(
+        &mut self,
+        mem: Mem,
+        interrupt: Arc<dyn Interrupt>,
+        mut queues: Vec<DeviceQueue>,
+    ) -> Result<(), ActivateError> {
+        self.reset();
+        if queues.len() != 1 {
+            return Err(ActivateError::QueueCount {
+                want: 1,
+                got: queues.len(),
+            });
+        }
+        let Some(DeviceQueue { mut queue, event }) = queues.pop() else {
+            return Err(ActivateError::QueueCount { want: 1, got: 0 });
+        };
+        if !queue.is_valid(&mem) {
+            return Err(ActivateError::InvalidQueue(0));
+        }
+        queue.set_event_idx(self.acked & features::RING_EVENT_IDX != 0);
+        let handler = Handler {
+            queue,
+            mem,
+            interrupt,
+            broken: false,
+        };
+        self.worker = Some(Worker::spawn("virtio-rng", vec![event], handler)?);
+        Ok(())
+    }
+
+    fn reset(&mut self) {
+        if let Some(w) = self.worker.take() {
+            drop(w.stop());
+        }
+    }
+
+    fn is_active(&self) -> bool {
+        self.worker.is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests;
