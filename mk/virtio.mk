@@ -1,7 +1,8 @@
 # virtio devices (crates/virtio): the device model, virtio-pci and the devices; their unit
 # and hostile-driver tests run in `cargo test` (which also replays the fuzz seeds).
-#   make fuzz-virtio   bounded cargo-fuzz run of the virtqueue request path (virtio-blk),
-#                      from crates/virtio/fuzz/seeds (needs cargo-fuzz; installed if missing)
+#   make fuzz-virtio   bounded cargo-fuzz run of the virtqueue request paths (virtio-blk,
+#                      virtio-rng, virtio-9p) from crates/virtio/fuzz/seeds (needs cargo-fuzz;
+#                      installed if missing)
 VIRTIO_FUZZ_SECONDS ?= 60
 
 .PHONY: fuzz-virtio

@@ -49,6 +49,29 @@ seeds['hostile_mix'] = seed(8, 4, [
     (0x20, 16, R|NEXT, 4), (0x800, 512, W|NEXT, 5), (0x2001, 1, W, 0),
     (0x0, 16, R|NEXT, 7), ((1 << 63) | (1 << 40), 512, W|NEXT, 8), (0x2002, 1, W, 0),
 ], [0, 3, 6], area([(0, hdr(0, 0xffffffffffffff00)), (0x20, hdr(1, 0))]))
+# 8: virtio-rng (device bits 4-5 = 1): two chains of writable buffers, one also readable.
+seeds['rng_fill'] = seed(0x10, 3, [
+    (0x800, 64, W, 0),
+    (0x0, 16, R|NEXT, 2), (0x900, 4096, W|NEXT, 3), (0x2000, 1, W, 0),
+], [0, 1], area([]))
+# 9: virtio-9p (device bits 4-5 = 2): version, attach, walk, open, read.
+def s9(t): return struct.pack('<H', len(t)) + t
+def msg(kind, tag, body):
+    return struct.pack('<IBH', 7 + len(body), kind, tag) + body
+p9 = [
+    msg(100, 0xffff, struct.pack('<I', 8192) + s9(b'9P2000.L')),
+    msg(104, 1, struct.pack('<II', 0, 0xffffffff) + s9(b'root') + s9(b'') + struct.pack('<I', 0)),
+    msg(110, 2, struct.pack('<IIH', 0, 1, 1) + s9(b'f')),
+    msg(12, 3, struct.pack('<II', 1, 0)),
+    msg(116, 4, struct.pack('<IQI', 1, 0, 64)),
+]
+descs, heads, parts = [], [], []
+for i, m in enumerate(p9):
+    heads.append(len(descs))
+    descs.append((0x100 * i, len(m), R|NEXT, len(descs) + 1))
+    descs.append((0x1000 + 0x200 * i, 0x200, W, 0))
+    parts.append((0x100 * i, m))
+seeds['p9_session'] = seed(0x20, 4, descs, heads, area(parts))
 os.makedirs(out, exist_ok=True)
 for name, b in seeds.items():
     open(os.path.join(out, name), 'wb').write(b)

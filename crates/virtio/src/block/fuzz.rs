@@ -1,14 +1,17 @@
 //! The fuzz target's entry point (`crates/virtio/fuzz`, target `virtqueue`), also replayed
 //! over the seed files by a plain test: an input byte string becomes a guest memory with a
-//! split virtqueue (descriptor table, available ring, buffer contents) that a block device
-//! then serves. Whatever the bytes, serving must neither panic nor hang, a read-only disk is
-//! never written, and no more chains are returned than were made available.
+//! split virtqueue (descriptor table, available ring, buffer contents) that a device then
+//! serves through its synchronous entry point: virtio-blk ([`Block::process_queue`]),
+//! virtio-rng ([`crate::rng::process_queue`]) or virtio-9p ([`crate::p9::process_queue`], on
+//! a read-only export of a scratch directory). Whatever the bytes, serving must neither
+//! panic nor hang, a read-only disk is never written, and no more chains are returned than
+//! were made available.
 //!
 //! Input layout (missing bytes read as zero; integers little-endian):
 //!
 //! | bytes | meaning |
 //! | --- | --- |
-//! | 1 | device: bit 0 read-only, bit 1 pcow backend (else an in-memory raw disk), bit 2 `VIRTIO_RING_F_EVENT_IDX`, bit 3 `VIRTIO_BLK_F_FLUSH` acked |
+//! | 1 | bits 4-5 the device: 1 rng, 2 9p, else block; bit 2 `VIRTIO_RING_F_EVENT_IDX`; block: bit 0 read-only, bit 1 pcow backend (else an in-memory raw disk), bit 3 `VIRTIO_BLK_F_FLUSH` acked |
 //! | 1 | queue size `2 << (b % 8)` (2..256) |
 //! | 1 | descriptors that follow: `b % (size + 1)` |
 //! | 16 each | descriptor `i`: addr u64, len u32, flags u16, next u16 (see [`guest_addr`]) |
@@ -20,11 +23,13 @@
 use super::backend::{Backend, MemDisk, PcowDisk};
 use super::{Block, SECTOR_SIZE};
 use crate::interrupt::RecordingInterrupt;
+use crate::queue::RingError;
 use crate::testing::{guest_memory, MockQueue};
 use crate::VirtioDevice;
 use std::io;
 use std::sync::Arc;
 use virtio_bindings::bindings::virtio_blk::VIRTIO_BLK_F_FLUSH;
+use virtio_queue::Queue;
 
 /// Where buffer contents go in guest memory (past the rings of a 256-entry queue at 0).
 pub const DATA_BASE: u64 = 0x10_0000;
@@ -131,11 +136,10 @@ fn pcow_disk(readonly: bool) -> Option<PcowDisk> {
         .map(PcowDisk::new)
 }
 
-/// Builds the queue `data` describes and has a block device serve it.
+/// Builds the queue `data` describes and has the device it names serve it.
 pub fn virtqueue(data: &[u8]) {
     let mut input = Input(data);
     let flags = input.u8();
-    let readonly = flags & 1 != 0;
     let size: u16 = 2 << (input.u8() % 8);
     let mem = guest_memory((DATA_BASE + DATA_LEN) as usize);
     let mq = MockQueue::new(mem, 0, size);
@@ -158,14 +162,43 @@ pub fn virtqueue(data: &[u8]) {
     let contents = &input.0[..input.0.len().min(DATA_LEN as usize)];
     mq.write(DATA_BASE, contents);
 
-    let backend: Box<dyn Backend> = if flags & 2 != 0 {
-        match pcow_disk(readonly) {
-            Some(disk) => Box::new(Guarded {
-                inner: disk,
-                readonly,
-            }),
-            None => return,
+    let mut queue = mq.queue();
+    virtio_queue::QueueT::set_event_idx(&mut queue, flags & 4 != 0);
+    let irq = &RecordingInterrupt::default();
+    let mem = &mq.mem;
+    let serve: &mut dyn FnMut(&mut Queue) -> Result<usize, RingError> = match (flags >> 4) & 3 {
+        1 => &mut |q| crate::rng::process_queue(q, mem, irq),
+        2 => {
+            let session = P9_SHARE.with(|p9| p9.as_ref().map(|p9| p9.session()));
+            let Some(session) = session else { return };
+            &mut move |q| crate::p9::process_queue(&session, q, mem, irq)
         }
+        _ => {
+            let Some(block) = block(flags) else { return };
+            &mut move |q| block.process_queue(mem, q, irq)
+        }
+    };
+    let mut served = 0u64;
+    for _ in 0..2 {
+        match serve(&mut queue) {
+            Ok(n) => served += n as u64,
+            Err(_) => break,
+        }
+    }
+    assert!(
+        served <= published,
+        "served {served} chains, {published} were made available"
+    );
+}
+
+/// The block device of input flags `flags`.
+fn block(flags: u8) -> Option<Block> {
+    let readonly = flags & 1 != 0;
+    let backend: Box<dyn Backend> = if flags & 2 != 0 {
+        Box::new(Guarded {
+            inner: pcow_disk(readonly)?,
+            readonly,
+        })
     } else {
         let mut disk = MemDisk::new(DISK_LEN as usize);
         for (i, b) in disk.data.iter_mut().enumerate() {
@@ -182,20 +215,19 @@ pub fn virtqueue(data: &[u8]) {
         acked &= !(1 << VIRTIO_BLK_F_FLUSH);
     }
     block.ack_features(acked);
-    let mut queue = mq.queue();
-    virtio_queue::QueueT::set_event_idx(&mut queue, flags & 4 != 0);
-    let irq = RecordingInterrupt::default();
-    let mut served = 0u64;
-    for _ in 0..2 {
-        match block.process_queue(&mq.mem, &mut queue, &irq) {
-            Ok(n) => served += n as u64,
-            Err(_) => break,
-        }
-    }
-    assert!(
-        served <= published,
-        "served {served} chains, {published} were made available"
-    );
-    // TODO(rng, p9): they have no synchronous queue entry point yet; when they do, serve the
-    // same queue with them here (e.g. `Rng::process_queue`, `P9::process_queue`).
+    Some(block)
+}
+
+thread_local! {
+    /// A read-only 9p export of a small directory (a file `f`, a directory `d`), made once
+    /// per thread: the fuzzer explores the transport, not the host file system.
+    static P9_SHARE: Option<crate::p9::P9> = {
+        let dir = std::env::temp_dir().join(format!("densevm-virtio-fuzz-{}", std::process::id()));
+        let made = std::fs::create_dir_all(dir.join("d")).and_then(|()| std::fs::write(dir.join("f"), b"fuzz"));
+        made.ok().and_then(|()| {
+            let mut cfg = crate::p9::ShareConfig::new(&dir, "fuzz");
+            cfg.server.readonly = true;
+            crate::p9::P9::new(cfg).ok()
+        })
+    };
 }

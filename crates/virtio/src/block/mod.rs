@@ -101,7 +101,8 @@ pub enum BlockError {
     },
     /// The disk is writable but its file cannot be written.
     #[error(
-        "cannot open {} for writing ({source}): make it writable, or attach the disk read-only",
+        "cannot open {} for writing ({source}): make it writable, or attach the disk \
+         read-only (`--disk PATH,readonly`)",
         path.display()
     )]
     ReadOnlyFile {
