@@ -6,6 +6,10 @@ use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, MetadataExt};
+use vm_memory::VolatileSlice;
+
+/// Most iovecs one `preadv`/`pwritev` call takes.
+const IOV_MAX: usize = 1024;
 
 /// Storage behind a block device. Ranges are in bytes; the caller has checked them against
 /// [`size`](Backend::size).
@@ -25,6 +29,16 @@ pub trait Backend: Send {
     fn write_zeroes(&mut self, offset: u64, len: u64, unmap: bool) -> io::Result<()>;
     /// The unit (bytes, a power of two, at least 512) in which discard frees storage.
     fn discard_granularity(&self) -> u64;
+    /// Reads the disk at `offset` straight into guest memory (`bufs`, in order), if this
+    /// backend can; `Ok(false)` makes the caller go through [`read`](Backend::read).
+    fn read_into(&mut self, _offset: u64, _bufs: &[VolatileSlice<'_>]) -> io::Result<bool> {
+        Ok(false)
+    }
+    /// Writes guest memory (`bufs`, in order) to the disk at `offset`, if this backend can;
+    /// `Ok(false)` makes the caller go through [`write`](Backend::write).
+    fn write_from(&mut self, _offset: u64, _bufs: &[VolatileSlice<'_>]) -> io::Result<bool> {
+        Ok(false)
+    }
 }
 
 /// Zeros written at most at once when a file system cannot zero a range itself.
@@ -127,6 +141,68 @@ impl RawFile {
 }
 
 /// The file system (or device) does not implement this fallocate mode.
+impl RawFile {
+    /// `preadv`/`pwritev` between the file at `offset` and guest memory, until every byte
+    /// moved (short transfers continue where they stopped).
+    fn vectored(&self, offset: u64, bufs: &[VolatileSlice<'_>], write: bool) -> io::Result<()> {
+        let mut iovs: Vec<libc::iovec> = bufs
+            .iter()
+            .filter(|s| !s.is_empty())
+            .map(|s| libc::iovec {
+                iov_base: s.ptr_guard_mut().as_ptr().cast(),
+                iov_len: s.len(),
+            })
+            .collect();
+        let mut at = 0usize;
+        let mut offset = offset;
+        while at < iovs.len() {
+            let n = (iovs.len() - at).min(IOV_MAX) as libc::c_int;
+            let pos = libc::off_t::try_from(offset)
+                .map_err(|_| io::Error::from_raw_os_error(libc::EOVERFLOW))?;
+            // SAFETY: every iovec points into a `VolatileSlice` of guest memory that
+            // vm-memory bounds-checked and that stays mapped for the VM's lifetime (longer
+            // than this call); the kernel reads or writes only those ranges. Guest memory
+            // is shared with the guest, which is what volatile access allows for.
+            let r = unsafe {
+                if write {
+                    libc::pwritev(self.file.as_raw_fd(), iovs[at..].as_ptr(), n, pos)
+                } else {
+                    libc::preadv(self.file.as_raw_fd(), iovs[at..].as_ptr(), n, pos)
+                }
+            };
+            if r < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            if r == 0 {
+                return Err(io::Error::from(if write {
+                    io::ErrorKind::WriteZero
+                } else {
+                    io::ErrorKind::UnexpectedEof
+                }));
+            }
+            let mut moved = r as usize;
+            offset += moved as u64;
+            while moved > 0 && at < iovs.len() {
+                let iov = &mut iovs[at];
+                if moved >= iov.iov_len {
+                    moved -= iov.iov_len;
+                    at += 1;
+                } else {
+                    // SAFETY: advancing within the same iovec's buffer (moved < its length).
+                    iov.iov_base = unsafe { iov.iov_base.cast::<u8>().add(moved) }.cast();
+                    iov.iov_len -= moved;
+                    moved = 0;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 fn unsupported(e: &io::Error) -> bool {
     matches!(
         e.raw_os_error(),
@@ -174,6 +250,14 @@ impl Backend for RawFile {
 
     fn discard_granularity(&self) -> u64 {
         self.granularity
+    }
+
+    fn read_into(&mut self, offset: u64, bufs: &[VolatileSlice<'_>]) -> io::Result<bool> {
+        self.vectored(offset, bufs, false).map(|()| true)
+    }
+
+    fn write_from(&mut self, offset: u64, bufs: &[VolatileSlice<'_>]) -> io::Result<bool> {
+        self.vectored(offset, bufs, true).map(|()| true)
     }
 }
 

@@ -15,6 +15,7 @@ use virtio_bindings::bindings::virtio_blk::{
     VIRTIO_BLK_T_OUT, VIRTIO_BLK_T_WRITE_ZEROES, VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP,
 };
 use virtio_queue::{DescriptorChain, Reader, Writer};
+use vm_memory::{Address, GuestMemory, Permissions, VolatileSlice};
 
 /// Bytes in a sector, the unit of every virtio-blk offset.
 pub const SECTOR_SIZE: u64 = 512;
@@ -29,8 +30,9 @@ pub const MAX_REQUEST_BYTES: u64 = SIZE_MAX as u64 * SEG_MAX as u64;
 pub const MAX_DWZ_SECTORS: u32 = 1 << 21;
 /// Most segments in one discard or write-zeroes request.
 pub const MAX_DWZ_SEG: u32 = 16;
-/// Bytes moved through host memory at once.
-const CHUNK: usize = 1 << 20;
+/// Bytes moved through host memory at once where a backend cannot reach guest memory
+/// directly (pcow): the most the VMM holds for a request.
+const CHUNK: usize = 128 << 10;
 /// `struct virtio_blk_outhdr`: type, ioprio, sector.
 const HEADER_LEN: usize = 16;
 /// `struct virtio_blk_discard_write_zeroes`: sector, num_sectors, flags.
@@ -83,15 +85,74 @@ pub fn serve(
     let Ok(mut status_out) = data_out.split_at(status_at) else {
         return 0;
     };
-    let status = match chain.reader(mem) {
-        Ok(mut data_in) if ordered => execute(backend, disk, &mut data_in, &mut data_out),
-        _ => S_IOERR,
+    let direct = if ordered {
+        data_slices(mem, &chain)
+    } else {
+        None
     };
-    let written = data_out.bytes_written();
+    let (status, direct_written) = match chain.reader(mem) {
+        Ok(mut data_in) if ordered => {
+            execute(backend, disk, &mut data_in, &mut data_out, direct.as_ref())
+        }
+        _ => (S_IOERR, 0),
+    };
+    let written = data_out.bytes_written() + direct_written;
     if status_out.write_all(&[status]).is_err() {
         return u32::try_from(written).unwrap_or(u32::MAX);
     }
     u32::try_from(written + 1).unwrap_or(u32::MAX)
+}
+
+/// The chain's data buffers as slices of guest memory, for backends that read and write
+/// them in place (no copy, no host buffer): the readable buffers after the header (a
+/// write's data) and the writable buffers before the status byte (a read's). `None` when a
+/// buffer is outside guest memory (the request path then fails it through `Reader`/`Writer`).
+pub struct DataSlices<'m> {
+    /// Readable data after the header.
+    pub readable: Vec<VolatileSlice<'m>>,
+    /// Writable data before the status byte.
+    pub writable: Vec<VolatileSlice<'m>>,
+}
+
+fn data_slices<'m>(mem: &'m Mem, chain: &DescriptorChain<&Mem>) -> Option<DataSlices<'m>> {
+    let mut readable = Vec::new();
+    let mut writable = Vec::new();
+    let mut skip = HEADER_LEN;
+    let writable_total: u64 = chain
+        .clone()
+        .filter(|d| d.is_write_only())
+        .map(|d| u64::from(d.len()))
+        .sum();
+    let mut keep_writable = writable_total.checked_sub(1)?;
+    for desc in chain.clone() {
+        let (mut addr, mut len) = (desc.addr(), u64::from(desc.len()));
+        if desc.is_write_only() {
+            len = len.min(keep_writable);
+            keep_writable -= len;
+        } else {
+            let s = (skip as u64).min(len);
+            skip -= s as usize;
+            addr = addr.checked_add(s)?;
+            len -= s;
+        }
+        if len == 0 {
+            continue;
+        }
+        let perm = if desc.is_write_only() {
+            Permissions::Write
+        } else {
+            Permissions::Read
+        };
+        for slice in mem.get_slices(addr, len as usize, perm).ok()? {
+            let slice = slice.ok()?;
+            if desc.is_write_only() {
+                writable.push(slice);
+            } else {
+                readable.push(slice);
+            }
+        }
+    }
+    Some(DataSlices { readable, writable })
 }
 
 /// Walks the chain once: `None` when it does not end (the last descriptor still names a
@@ -135,24 +196,38 @@ fn status(r: std::io::Result<()>) -> u8 {
 }
 
 /// Executes the request whose header is the start of `data_in`; `data_out` is the writable
-/// space before the status byte. Returns the status.
+/// space before the status byte, `direct` the same buffers as guest-memory slices. Returns
+/// the status and the bytes written through `direct`.
 fn execute(
     backend: &mut dyn Backend,
     disk: &DiskInfo,
     data_in: &mut Reader<'_>,
     data_out: &mut Writer<'_>,
-) -> u8 {
+    direct: Option<&DataSlices<'_>>,
+) -> (u8, usize) {
     let mut header = [0u8; HEADER_LEN];
     if data_in.read_exact(&mut header).is_err() {
-        return S_IOERR;
+        return (S_IOERR, 0);
     }
     let kind = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
     let mut sector = [0u8; 8];
     sector.copy_from_slice(&header[8..16]);
     let sector = u64::from_le_bytes(sector);
     match kind {
-        VIRTIO_BLK_T_IN => read(backend, disk, sector, data_in, data_out),
-        VIRTIO_BLK_T_OUT => write(backend, disk, sector, data_in, data_out),
+        VIRTIO_BLK_T_IN => read(backend, disk, sector, data_in, data_out, direct),
+        VIRTIO_BLK_T_OUT => (write(backend, disk, sector, data_in, data_out, direct), 0),
+        other => (execute_other(backend, disk, other, data_in, data_out), 0),
+    }
+}
+
+fn execute_other(
+    backend: &mut dyn Backend,
+    disk: &DiskInfo,
+    kind: u32,
+    data_in: &mut Reader<'_>,
+    data_out: &mut Writer<'_>,
+) -> u8 {
+    match kind {
         VIRTIO_BLK_T_FLUSH if disk.readonly => S_OK,
         VIRTIO_BLK_T_FLUSH => status(backend.flush()),
         VIRTIO_BLK_T_GET_ID => {
@@ -175,15 +250,32 @@ fn read(
     sector: u64,
     data_in: &Reader<'_>,
     data_out: &mut Writer<'_>,
-) -> u8 {
+    direct: Option<&DataSlices<'_>>,
+) -> (u8, usize) {
     // Anything readable after the header is a data buffer pointing the wrong way.
     let len = data_out.available_bytes() as u64;
     if data_in.available_bytes() != 0 || len > MAX_REQUEST_BYTES {
-        return S_IOERR;
+        return (S_IOERR, 0);
     }
     let Some(offset) = byte_range(disk, sector, len) else {
-        return S_IOERR;
+        return (S_IOERR, 0);
     };
+    if let Some(d) = direct {
+        match backend.read_into(offset, &d.writable) {
+            Ok(true) => return (S_OK, len as usize),
+            Ok(false) => {}
+            Err(e) => return (status(Err(e)), 0),
+        }
+    }
+    (read_buffered(backend, offset, len, data_out), 0)
+}
+
+fn read_buffered(
+    backend: &mut dyn Backend,
+    offset: u64,
+    len: u64,
+    data_out: &mut Writer<'_>,
+) -> u8 {
     let mut buf = vec![0u8; (len as usize).min(CHUNK)];
     let mut done = 0u64;
     while done < len {
@@ -206,6 +298,7 @@ fn write(
     sector: u64,
     data_in: &mut Reader<'_>,
     data_out: &Writer<'_>,
+    direct: Option<&DataSlices<'_>>,
 ) -> u8 {
     // Anything writable before the status byte is a data buffer pointing the wrong way.
     let len = data_in.available_bytes() as u64;
@@ -215,6 +308,23 @@ fn write(
     let Some(offset) = byte_range(disk, sector, len) else {
         return S_IOERR;
     };
+    let written = match direct.map(|d| backend.write_from(offset, &d.readable)) {
+        Some(Ok(true)) => S_OK,
+        Some(Err(e)) => return status(Err(e)),
+        None | Some(Ok(false)) => write_buffered(backend, offset, len, data_in),
+    };
+    if written == S_OK && disk.write_through {
+        return status(backend.flush());
+    }
+    written
+}
+
+fn write_buffered(
+    backend: &mut dyn Backend,
+    offset: u64,
+    len: u64,
+    data_in: &mut Reader<'_>,
+) -> u8 {
     let mut buf = vec![0u8; (len as usize).min(CHUNK)];
     let mut done = 0u64;
     while done < len {
@@ -227,9 +337,6 @@ fn write(
             return status(Err(e));
         }
         done += n as u64;
-    }
-    if disk.write_through {
-        return status(backend.flush());
     }
     S_OK
 }
