@@ -57,23 +57,41 @@ pub fn parse_rollup(text: &str) -> MemFigures {
     fig
 }
 
-/// Parses an smaps text, summing the figures of VMAs that overlap `[start, end)`.
-pub fn parse_smaps_range(text: &str, start: u64, end: u64) -> MemFigures {
-    let mut fig = MemFigures::default();
-    let mut inside = false;
+/// The VMAs of an smaps text: `(start, end, figures)`.
+fn parse_vmas(text: &str) -> Vec<(u64, u64, MemFigures)> {
+    let mut vmas: Vec<(u64, u64, MemFigures)> = Vec::new();
     for line in text.lines() {
         let head = line.split_whitespace().next().unwrap_or("");
         if let Some((a, b)) = head.split_once('-') {
             if let (Ok(a), Ok(b)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16)) {
-                inside = a < end && b > start;
+                vmas.push((a, b, MemFigures::default()));
                 continue;
             }
         }
-        if inside {
-            add_line(&mut fig, line);
+        if let Some((_, _, fig)) = vmas.last_mut() {
+            add_line(fig, line);
         }
     }
-    fig
+    vmas
+}
+
+fn sum_overlapping(vmas: &[(u64, u64, MemFigures)], ranges: &[(u64, u64)]) -> MemFigures {
+    let mut total = MemFigures::default();
+    for (a, b, fig) in vmas {
+        // Each VMA once, however many ranges it overlaps (adjacent guest mappings merge).
+        if ranges.iter().any(|&(start, end)| *a < end && *b > start) {
+            total.rss_kib += fig.rss_kib;
+            total.uss_kib += fig.uss_kib;
+            total.pss_kib += fig.pss_kib;
+            total.anon_kib += fig.anon_kib;
+        }
+    }
+    total
+}
+
+/// Parses an smaps text, summing the figures of VMAs that overlap `[start, end)`.
+pub fn parse_smaps_range(text: &str, start: u64, end: u64) -> MemFigures {
+    sum_overlapping(&parse_vmas(text), &[(start, end)])
 }
 
 /// Reads the report for this process, given the guest regions it maps.
@@ -86,17 +104,17 @@ pub fn memory_report_of(pid: &str, regions: &[RegionInfo]) -> io::Result<MemoryR
     let process = parse_rollup(&std::fs::read_to_string(format!(
         "/proc/{pid}/smaps_rollup"
     ))?);
-    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps"))?;
-    let mut guest = MemFigures::default();
-    let mut per_region = Vec::new();
-    for r in regions {
-        let fig = parse_smaps_range(&smaps, r.host_addr, r.host_addr + r.size);
-        guest.rss_kib += fig.rss_kib;
-        guest.uss_kib += fig.uss_kib;
-        guest.pss_kib += fig.pss_kib;
-        guest.anon_kib += fig.anon_kib;
-        per_region.push((r.name.clone(), fig));
-    }
+    let vmas = parse_vmas(&std::fs::read_to_string(format!("/proc/{pid}/smaps"))?);
+    let ranges: Vec<(u64, u64)> = regions
+        .iter()
+        .map(|r| (r.host_addr, r.host_addr + r.size))
+        .collect();
+    let guest = sum_overlapping(&vmas, &ranges);
+    let per_region = regions
+        .iter()
+        .zip(&ranges)
+        .map(|(r, &range)| (r.name.clone(), sum_overlapping(&vmas, &[range])))
+        .collect();
     let vmm_overhead = MemFigures {
         rss_kib: process.rss_kib.saturating_sub(guest.rss_kib),
         uss_kib: process.uss_kib.saturating_sub(guest.uss_kib),
@@ -153,6 +171,10 @@ Private_Dirty:         0 kB
             }
         );
         assert_eq!(parse_rollup(SMAPS).pss_kib, 12);
+        // Two regions inside one VMA count it once.
+        let vmas = parse_vmas(SMAPS);
+        let both = sum_overlapping(&vmas, &[(0x1000, 0x2000), (0x2000, 0x3000)]);
+        assert_eq!(both.rss_kib, 8);
     }
 
     #[test]
