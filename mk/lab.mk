@@ -3,6 +3,8 @@
 #   make lab          boot the lab once and run LAB_SCRIPT (default: the QEMU L2 proof)
 #   make test-lab     every lab/tests/*.sh in its own lab run
 #   make bench-lab    boot-density benchmark: densevm vs QEMU (BENCH_VMMS, BENCH_COUNTS, BENCH_KSM)
+#   make bench-virtio virtio devices, densevm vs QEMU: 9p tree copy, blk sequential and random
+#                     I/O, VMM memory (BENCH_VIRTIO_VMMS, BENCH_TREE_FILES, BENCH_DISK_MB, ...)
 LAB_DENSEVM ?= $(abspath $(or $(CARGO_TARGET_DIR),target))/release/densevm
 LAB_SCRIPT ?= lab/tests/qemu-l2-boot.sh
 LAB_TESTS ?= $(sort $(wildcard lab/tests/*.sh))
@@ -10,7 +12,7 @@ LAB_TESTS ?= $(sort $(wildcard lab/tests/*.sh))
 # everything several times slower on a loaded host, and a test's own timeouts fire first.
 LAB_TEST_TIMEOUT ?= 1500
 
-.PHONY: guest lab test-lab bench-lab test-kernel-real
+.PHONY: guest lab test-lab bench-lab bench-virtio test-kernel-real
 
 guest: build
 	DENSEVM=$(LAB_DENSEVM) lab/guest/build.sh
@@ -52,5 +54,11 @@ bench-lab: guest
 	DENSEVM=$(LAB_DENSEVM) LAB_TIMEOUT=$${LAB_TIMEOUT:-2400} lab/run lab/bench/boot-density.sh > build/lab/boot-density.txt; \
 	  status=$$?; cat build/lab/boot-density.txt; exit $$status
 
+# Results also land in build/lab/virtio.txt (one L1 run: both VMMs, two L2 boots each).
+bench-virtio: guest
+	@mkdir -p build/lab
+	DENSEVM=$(LAB_DENSEVM) LAB_TIMEOUT=$${LAB_TIMEOUT:-3600} lab/run lab/bench/virtio.sh > build/lab/virtio.txt; \
+	  status=$$?; cat build/lab/virtio.txt; exit $$status
+
 TEST_TARGETS += test-lab
-BENCH_TARGETS += bench-lab
+BENCH_TARGETS += bench-lab bench-virtio

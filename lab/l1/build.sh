@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the cached parts of the L1 lab initramfs under build/lab/:
-#   l1-base.cpio.gz  busybox-static, bash, kvm/9p/virtio modules, QEMU + libs + ROMs, init
+#   l1-base.cpio.gz  busybox-static, bash, kvm/9p/virtio modules, QEMU + libs + ROMs,
+#                    e2fsprogs' e2fsck and debugfs (check and read guest ext4 images), init
 #   l1-guest.cpio    the L2 artifacts from build/guest/ at /guest (uncompressed: fast to unpack)
 # Each is rebuilt only when its inputs change. `lab/run` appends a small per-run
 # archive (densevm binary + script) to these.
@@ -11,7 +12,7 @@ mkdir -p "$LAB_BUILD"
 cd "$LAB_BUILD"
 release="$(guest_kernel_release)"
 moddir="$GUEST_DIR/pkg/lib/modules/$release"
-for f in vmlinuz vmlinux initrd.cpio.gz; do
+for f in vmlinuz vmlinux initrd.cpio.gz initrd-tools.cpio.gz; do
   [ -s "$GUEST_DIR/$f" ] || die "missing $GUEST_DIR/$f; run 'make guest' first"
 done
 qemu="$(command -v qemu-system-x86_64 || true)"
@@ -37,7 +38,10 @@ if newer l1-base.cpio.gz "$here/init" "$here/modules.txt" "$qemu" /bin/busybox \
   ln -s busybox "$root/bin/sh"
   cp "$here/init" "$root/init"
   chmod 755 "$root/init"
-  copy_with_libs "$root" /bin/bash "$qemu"
+  for tool in /sbin/e2fsck /sbin/debugfs; do
+    [ -x "$tool" ] || die "missing $tool; apt-get install e2fsprogs"
+  done
+  copy_with_libs "$root" /bin/bash "$qemu" /sbin/e2fsck /sbin/debugfs
   ln -sf /bin/bash "$root/usr/bin/bash"
   # QEMU finds its firmware in /usr/share/qemu and /usr/share/seabios (Debian build).
   mkdir -p "$root/usr/share/qemu" "$root/usr/share/seabios"
@@ -61,11 +65,13 @@ if newer l1-base.cpio.gz "$here/init" "$here/modules.txt" "$qemu" /bin/busybox \
   rm -rf "$root"
 fi
 
-if newer l1-guest.cpio "$GUEST_DIR/vmlinuz" "$GUEST_DIR/vmlinux" "$GUEST_DIR/initrd.cpio.gz"; then
+if newer l1-guest.cpio "$GUEST_DIR/vmlinuz" "$GUEST_DIR/vmlinux" "$GUEST_DIR/initrd.cpio.gz" \
+    "$GUEST_DIR/initrd-tools.cpio.gz"; then
   log "packing L2 artifacts for L1"
   root="$LAB_BUILD/l1-guest"
   rm -rf "$root" && mkdir -p "$root/guest"
-  cp "$GUEST_DIR/vmlinuz" "$GUEST_DIR/vmlinux" "$GUEST_DIR/initrd.cpio.gz" "$GUEST_DIR/kernel-release" "$root/guest/"
+  cp "$GUEST_DIR/vmlinuz" "$GUEST_DIR/vmlinux" "$GUEST_DIR/initrd.cpio.gz" \
+    "$GUEST_DIR/initrd-tools.cpio.gz" "$GUEST_DIR/kernel-release" "$root/guest/"
   pack "$root" > l1-guest.cpio.tmp
   mv l1-guest.cpio.tmp l1-guest.cpio
   rm -rf "$root"

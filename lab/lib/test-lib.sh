@@ -126,3 +126,225 @@ need_l2_densevm() {
   need_file "$GUEST_VMLINUX" "$GUEST_INITRD"
   [ -c /dev/kvm ] || fail "/dev/kvm missing in L1"
 }
+
+# ---- L2 VMs with virtio devices (lab/tests/virtio-devices.sh, lab/bench/virtio.sh) ----
+# Devices are given as densevm run flags: --disk PATH[,readonly][,format=raw|pcow],
+# --share DIR,tag=TAG[,readonly], --pmem IMAGE, --rng. L2_VMM=qemu runs the same VM under
+# QEMU 7.2 (the peer) with the equivalent devices: -drive if=virtio,format=raw,
+# cache=writeback (L1's tmpfs has no O_DIRECT, so no cache=none; densevm's virtio-blk also
+# goes through the host page cache), -virtfs local,security_model=none, virtio-pmem-pci on a
+# memory-backend-file (raw images only), virtio-rng-pci from /dev/urandom. Paths must not
+# contain spaces or commas.
+L2_VMM="${L2_VMM:-densevm}"
+L2_QEMU_ACCEL="${L2_QEMU_ACCEL:--enable-kvm -cpu host}"
+# The virtio modules every device VM loads (lab/guest/init's modules=).
+L2_MODULES=virtio_pci,virtio_blk,9pnet_virtio,9p,virtio_rng,virtio_pmem,nd_pmem,ext4,crc32c_generic
+
+# Shell functions for L2 scripts (text; start a guest script with "$GUEST_FNS"):
+#   wait_dev PATH...     waits up to 20 s for each device node; exit 3 naming a missing one
+#   dev_of_size SECTORS  the vdX whose size is SECTORS (512 B): tells the --disk images apart
+#   tree_sum DIR         one md5 over "md5  ./path" of every file below DIR (sorted)
+#   now                  guest uptime in seconds (two decimals)
+#   mark NAME VALUE      prints DENSEVM-NAME=VALUE (read on L1 with guest_value)
+#   step TEXT            prints a progress line with the guest's uptime
+TREE_SUM_FN='tree_sum() { (cd "$1" && find . -type f | LC_ALL=C sort | xargs md5sum) | md5sum | cut -d" " -f1; }'
+eval "$TREE_SUM_FN"
+GUEST_FNS=$(cat <<'SH'
+wait_dev() {
+  for d in "$@"; do
+    i=0; while [ ! -e "$d" ] && [ $i -lt 200 ]; do sleep 0.1; i=$((i + 1)); done
+    [ -e "$d" ] || { echo "guest: no $d; devices: $(ls /sys/bus/virtio/devices 2>/dev/null | tr '\n' ' ')"; exit 3; }
+  done
+}
+dev_of_size() {
+  for b in /sys/block/vd*; do [ "$(cat "$b/size")" = "$1" ] && { echo "/dev/${b##*/}"; return 0; }; done
+  echo "guest: no virtio disk of $1 sectors" >&2; return 1
+}
+now() { cut -d" " -f1 /proc/uptime; }
+mark() { echo "DENSEVM-$1=$2"; }
+step() { echo "DENSEVM-STEP $(now) $*"; }
+SH
+)
+GUEST_FNS="$GUEST_FNS
+$TREE_SUM_FN"
+
+# make_tree DIR FILES MAXBYTES SEED: FILES files of 1..MAXBYTES (<= 8192) printable bytes,
+# 100 per directory DIR/dN/fM, from one awk process (a fork per file is slow under TCG).
+make_tree() {
+  mkdir -p "$1" || fail "mkdir $1"
+  _d=0
+  while [ $((_d * 100)) -lt "$2" ]; do mkdir -p "$1/d$_d"; _d=$((_d + 1)); done
+  awk -v dir="$1" -v n="$2" -v max="$3" -v seed="$4" 'BEGIN {
+    srand(seed)
+    for (i = 0; i < 8192; i++) pool = pool sprintf("%c", 33 + int(rand() * 94))
+    for (i = 0; i < n; i++) {
+      f = dir "/d" int(i / 100) "/f" i
+      size = 1 + int(rand() * max)
+      printf "%s", substr(pool, 1 + int(rand() * (8193 - size)), size) > f
+      close(f)
+    }
+  }' || fail "cannot generate $2 files in $1"
+}
+
+# qemu_device_args FLAG...: QEMU arguments for densevm device flags (see above).
+qemu_device_args() {
+  _n=0
+  while [ $# -gt 0 ]; do
+    _n=$((_n + 1))
+    case "$1" in
+      --disk)
+        _ro=""; case ",$2," in *,readonly,*) _ro=",readonly=on" ;; esac
+        case ",$2," in *,format=pcow,*) fail "QEMU cannot open pcow disk ${2%%,*}" ;; esac
+        echo "-drive file=${2%%,*},if=virtio,format=raw,cache=writeback$_ro"
+        shift 2 ;;
+      --share)
+        _path=${2%%,*}; _tag=$(echo "$2" | sed -n 's/.*,tag=\([^,]*\).*/\1/p')
+        _ro=""; case ",$2," in *,readonly,*) _ro=",readonly=on" ;; esac
+        echo "-virtfs local,path=$_path,mount_tag=$_tag,security_model=none,id=fs$_n$_ro"
+        shift 2 ;;
+      --pmem)
+        echo "-object memory-backend-file,id=pm$_n,share=on,mem-path=$2,size=$(stat -c %s "$2")"
+        echo "-device virtio-pmem-pci,memdev=pm$_n,id=vpmem$_n"
+        shift 2 ;;
+      --rng)
+        echo "-object rng-random,filename=/dev/urandom,id=rng$_n -device virtio-rng-pci,rng=rng$_n"
+        shift ;;
+      *) fail "qemu_device_args: unknown flag $1" ;;
+    esac
+  done
+}
+
+# l2_start LOG INITRD SCRIPT FLAG...: boots the L2 kernel (vmlinux, PVH) under $L2_VMM in
+# the background: 256 MiB, 1 vCPU, the devices FLAG..., modules $L2_MODULES, and the guest
+# shell SCRIPT (text, sent gzipped). The guest console goes to LOG (QEMU's stderr to
+# LOG.err); densevm also writes its JSON memory report to LOG.json. Sets L2_PID.
+l2_start() {
+  _log=$1 _initrd=$2
+  _b64=$(printf '%s\n' "$3" | gzip -9 | base64 | tr -d '\n')
+  shift 3
+  _cmd="console=ttyS0 panic=-1 quiet modules=$L2_MODULES densevm.script=$_b64"
+  [ ${#_cmd} -le 2040 ] || fail "guest script too long: the command line would be ${#_cmd} bytes (limit 2047)"
+  : > "$_log"
+  rm -f "$_log.json"
+  case "$L2_VMM" in
+    densevm)
+      densevm run --kernel "$GUEST_VMLINUX" --initrd "$_initrd" --memory 256M --report-json "$_log.json" \
+        --cmdline "$_cmd" "$@" > "$_log" 2>&1 &
+      ;;
+    qemu)
+      _qargs=$(qemu_device_args "$@") || { echo "$_qargs"; exit 1; }
+      _mem=256M
+      case " $* " in *" --pmem "*) _mem=256M,slots=2,maxmem=4G ;; esac
+      # shellcheck disable=SC2086
+      qemu-system-x86_64 $L2_QEMU_ACCEL -m "$_mem" -nodefaults -no-user-config -display none \
+        -no-reboot -serial "file:$_log" -kernel "$GUEST_VMLINUX" -initrd "$_initrd" -append "$_cmd" \
+        $_qargs > "$_log.err" 2>&1 &
+      ;;
+    *) fail "L2_VMM must be densevm or qemu, not '$L2_VMM'" ;;
+  esac
+  L2_PID=$!
+  L2_LINES=0
+  L2_START=$(cut -d. -f1 /proc/uptime)
+}
+
+# l2_follow LOG: prints the guest console lines that LOG gained since the last call (prefix
+# "  L2| "), so that a slow or stuck guest shows where it is in the lab's output.
+l2_follow() {
+  _n=$(wc -l < "$1")
+  if [ "$_n" -gt "$L2_LINES" ]; then
+    sed -n "$((L2_LINES + 1)),${_n}p" "$1" | tr -d '\r' | sed 's/^/  L2| /'
+    L2_LINES=$_n
+  fi
+}
+
+# l2_rejected LOG: fails with a clear message when densevm refused its command line (a
+# device flag it does not know yet); returns otherwise.
+l2_rejected() {
+  if grep -qE "^error: (unexpected argument|invalid value|unrecognized)|Usage: densevm run" "$1" 2>/dev/null; then
+    grep -m 3 -E "^error:|tip:" "$1"
+    fail "densevm rejected its command line (are --disk/--share/--pmem/--rng implemented in this build?)"
+  fi
+}
+
+# l2_wait LOG WHAT [SECONDS]: waits (default 600 s) for the VM of the last l2_start to end;
+# fails unless the VMM exited 0 and the guest script reported DENSEVM-GUEST-EXIT=0.
+l2_wait() {
+  _end=$((L2_START + ${3:-600}))
+  while kill -0 "$L2_PID" 2>/dev/null && [ "$(cut -d. -f1 /proc/uptime)" -lt "$_end" ]; do
+    l2_follow "$1"
+    sleep 2
+  done
+  l2_follow "$1"
+  if kill -0 "$L2_PID" 2>/dev/null; then
+    kill -9 "$L2_PID"; wait "$L2_PID" 2>/dev/null
+    fail "$2: the VM did not end within ${3:-600} s"
+  fi
+  wait "$L2_PID"
+  _status=$?
+  echo "--- $2: $L2_VMM ended with $_status after $(($(cut -d. -f1 /proc/uptime) - L2_START)) s"
+  l2_rejected "$1"
+  if [ "$_status" != 0 ] || ! grep -q 'DENSEVM-GUEST-EXIT=0' "$1"; then
+    cat "$1.err" 2>/dev/null | tail -n 10
+    fail "$2: $L2_VMM exited with $_status, guest status '$(guest_value "$1" GUEST-EXIT)'"
+  fi
+}
+
+# l2_run LOG WHAT INITRD SCRIPT FLAG...: l2_start, then l2_wait.
+l2_run() {
+  _rlog=$1 _rwhat=$2 _rinitrd=$3 _rscript=$4
+  shift 4
+  l2_start "$_rlog" "$_rinitrd" "$_rscript" "$@"
+  l2_wait "$_rlog" "$_rwhat"
+}
+
+# l2_kill_at LOG MARKER WHAT [SECONDS]: kill -9s the VM of the last l2_start as soon as the
+# guest console LOG shows MARKER (polled every 20 ms); fails when it never does.
+l2_kill_at() {
+  _end=$((L2_START + ${4:-600}))
+  _i=0
+  while ! grep -qF "$2" "$1" 2>/dev/null; do
+    if ! kill -0 "$L2_PID" 2>/dev/null || [ "$(cut -d. -f1 /proc/uptime)" -ge "$_end" ]; then
+      kill -9 "$L2_PID" 2>/dev/null; wait "$L2_PID" 2>/dev/null
+      l2_follow "$1"
+      l2_rejected "$1"
+      fail "$3: no $2 on the guest console"
+    fi
+    sleep 0.02
+    _i=$((_i + 1))
+    [ $((_i % 100)) = 0 ] && l2_follow "$1"
+  done
+  kill -9 "$L2_PID"
+  wait "$L2_PID" 2>/dev/null
+  l2_follow "$1"
+  echo "--- $3: killed $L2_VMM (kill -9) at $2, $(($(cut -d. -f1 /proc/uptime) - L2_START)) s after its start"
+}
+
+# json_field FILE OBJECT KEY: the number under "KEY" inside the object "OBJECT": { ... } of
+# densevm's pretty-printed JSON report FILE (e.g. vmm_overhead uss_kib).
+json_field() {
+  awk -v obj="\"$2\":" -v key="\"$3\":" '
+    $1 == obj { inside = 1; next }
+    inside && /^ *}/ { exit }
+    inside && $1 == key { v = $2; sub(/,$/, "", v); print v; exit }' "$1"
+}
+
+# vma_uss_kb PID MIN_KB [PATH...]: USS (Private_Clean + Private_Dirty, kB) of the VMAs of
+# PID that are anonymous and at least MIN_KB large, or that map one of PATHs: a VMM's guest
+# RAM and pmem files.
+vma_uss_kb() {
+  _pid=$1 _min=$2; shift 2
+  awk -v min="$_min" -v paths=" $* " '
+    function hex(h,   i, n) {
+      n = 0
+      for (i = 1; i <= length(h); i++) n = n * 16 + index("0123456789abcdef", substr(h, i, 1)) - 1
+      return n
+    }
+    /^[0-9a-f]+-[0-9a-f]+ / {
+      split($1, r, "-")
+      kb = (hex(r[2]) - hex(r[1])) / 1024
+      inside = ($6 == "" && kb >= min) || ($6 != "" && index(paths, " " $6 " ") > 0)
+      next
+    }
+    inside && ($1 == "Private_Clean:" || $1 == "Private_Dirty:") { s += $2 }
+    END { print s + 0 }' "/proc/$_pid/smaps"
+}
