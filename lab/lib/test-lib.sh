@@ -215,7 +215,7 @@ qemu_device_args() {
 }
 
 # l2_start LOG INITRD SCRIPT FLAG...: boots the L2 kernel (vmlinux, PVH) under $L2_VMM in
-# the background: 256 MiB, 1 vCPU, the devices FLAG..., modules $L2_MODULES, and the guest
+# the background: $L2_MEM of RAM (default 256M), 1 vCPU, the devices FLAG..., modules $L2_MODULES, and the guest
 # shell SCRIPT (text, sent gzipped). The guest console goes to LOG (QEMU's stderr to
 # LOG.err); densevm also writes its JSON memory report to LOG.json. Sets L2_PID.
 l2_start() {
@@ -228,13 +228,13 @@ l2_start() {
   rm -f "$_log.json"
   case "$L2_VMM" in
     densevm)
-      densevm run --kernel "$GUEST_VMLINUX" --initrd "$_initrd" --memory 256M --report-json "$_log.json" \
+      densevm run --kernel "$GUEST_VMLINUX" --initrd "$_initrd" --memory "${L2_MEM:-256M}" --report-json "$_log.json" \
         --cmdline "$_cmd" "$@" > "$_log" 2>&1 &
       ;;
     qemu)
       _qargs=$(qemu_device_args "$@") || { echo "$_qargs"; exit 1; }
-      _mem=256M
-      case " $* " in *" --pmem "*) _mem=256M,slots=2,maxmem=4G ;; esac
+      _mem=${L2_MEM:-256M}
+      case " $* " in *" --pmem "*) _mem=$_mem,slots=2,maxmem=8G ;; esac
       # shellcheck disable=SC2086
       qemu-system-x86_64 $L2_QEMU_ACCEL -m "$_mem" -nodefaults -no-user-config -display none \
         -no-reboot -serial "file:$_log" -kernel "$GUEST_VMLINUX" -initrd "$_initrd" -append "$_cmd" \

@@ -2,16 +2,17 @@
 # densevm's virtio-pci devices with the stock Debian guest: one L1 boot, three L2 boots.
 #  A. --share (virtio-9p), --disk (virtio-blk: raw, pcow, read-only), --rng (virtio-rng):
 #     the guest copies a 2,000-file tree out of the share into its tmpfs (checksums must
-#     match L1's), writes the tree and a 4 MiB file back (L1 must see the same bytes), cannot
-#     write to a read-only share or disk, reads 64 bytes from /dev/hwrng, and makes ext4 on
-#     the raw and the pcow disk and fills it; after the VM, e2fsck -fn (the pcow image
-#     converted to raw) is clean, `densevm image check` is clean, and debugfs finds the files.
+#     match L1's), cannot write to a read-only share or disk, reads 64 bytes from /dev/hwrng,
+#     and makes ext4 on the raw and the pcow disk and fills it; after the VM, e2fsck -fn (the
+#     pcow image converted to raw) is clean, `densevm image check` is clean, and debugfs
+#     finds the files.
 #  B. kill -9: the guest mounts both disks and a fresh DAX ext4 on /dev/pmem0 (--pmem, a pcow
 #     image, virtio-pmem), writes a 2 MiB file to each and fsyncs it, prints a marker and
 #     keeps writing; L1 kill -9s densevm when the marker shows on the console. Right away,
 #     both pcow images must check clean.
 #  C. a new VM mounts the three filesystems (journal replay) and reads the fsynced files
-#     back; then the images check clean and e2fsck -fn is clean on all three.
+#     back, then writes the 2,000-file tree and a 4 MiB file into the share (L1 must see the
+#     same bytes); the images check clean and e2fsck -fn is clean on all three.
 # L2_VMM=qemu runs the same with QEMU 7.2 as the VMM (pcow images become raw files and the
 # pcow checks are skipped), to check the test itself:
 #   printf 'export L2_VMM=qemu\n. "$LAB_SRC/tests/virtio-devices.sh"\n' > /tmp/t; lab/run /tmp/t
@@ -90,10 +91,6 @@ cp -a /mnt/share/tree /copy/tree || exit 12
 mark TREE-COPY-S "$(awk -v a="$t0" -v b="$(now)" 'BEGIN { print b - a }')"
 mark TREE-FILES "$(find /copy/tree -type f | wc -l)"
 mark TREE-SUM "$(tree_sum /copy/tree)"
-step 9p: write the tree back
-cp -a /copy/tree /mnt/share/back || exit 13
-head -c 4194304 /dev/urandom > /copy/big && cp /copy/big /mnt/share/big || exit 14
-mark BIG-SUM "$(md5sum < /copy/big | cut -d' ' -f1)"
 umount /mnt/share || exit 15
 step 9p: read-only share, read-only disk
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 ro0 /mnt/ro || exit 16
@@ -107,6 +104,7 @@ if dd if=/dev/zero of="$ro" bs=4096 count=1 conv=notrunc,fsync 2>/dev/null; then
 else
   mark RO-DISK-WRITE refused
 fi
+head -c 4194304 /dev/urandom > /copy/big || exit 19
 for d in raw pc; do
   eval dev=\$$d
   step "ext4 on the $d disk ($dev)"
@@ -136,8 +134,6 @@ echo "ok: hwrng bytes are not zeros and not repeated"
 # 9p
 same "9p: the guest copied 2000 files out of the share" 2000 "$(guest_value "$log" TREE-FILES)"
 same "9p: the guest's checksums of its copy match L1's ($(guest_value "$log" TREE-COPY-S) s)" "$tree_host" "$(guest_value "$log" TREE-SUM)"
-same "9p: the tree the guest wrote back matches on L1" "$tree_host" "$(tree_sum share/back)"
-same "9p: the 4 MiB file the guest wrote matches on L1" "$(guest_value "$log" BIG-SUM)" "$(md5sum < share/big | cut -d' ' -f1)"
 same "9p: a read-only share reads" "hello from L1" "$(guest_value "$log" RO-SHARE-READ)"
 same "9p: a read-only share refuses writes" refused "$(guest_value "$log" RO-SHARE-WRITE)"
 [ ! -e ro/new ] || fail "the guest created a file in a read-only share"
@@ -157,7 +153,7 @@ for d in raw pc; do
   same "blk: the files the guest wrote to the $d disk's ext4 are in the image" \
     "$(guest_value "$log" FS-SUM-$d)" "$(tree_sum "out-$d/data")"
 done
-rm -rf out-raw out-pc disk-pcow.raw share/back share/big
+rm -rf out-raw out-pc disk-pcow.raw
 
 # ---- B. fsync, then kill -9 ---------------------------------------------------------------
 new_image pmem.pcow 64M
@@ -207,12 +203,21 @@ mount -t ext4 "$raw" /mnt/raw && mount -t ext4 "$pc" /mnt/pc || exit 5
 mount -t ext4 -o dax /dev/pmem0 /mnt/pm || { dmesg | tail -n 5; exit 6; }
 for m in raw pc pm; do mark READ-$m "$(md5sum < /mnt/$m/fsynced | cut -d' ' -f1)"; done
 umount /mnt/raw && umount /mnt/pc && umount /mnt/pm || exit 7
+step 9p: write a tree and a 4 MiB file into the share
+mkdir -p /mnt/share /copy
+mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 host0 /mnt/share || exit 10
+mount -t tmpfs tmpfs /copy || exit 11
+cp -a /mnt/share/tree /copy/tree || exit 12
+cp -a /copy/tree /mnt/share/back || exit 13
+head -c 4194304 /dev/urandom > /copy/big && cp /copy/big /mnt/share/big || exit 14
+mark BIG-SUM "$(md5sum < /copy/big | cut -d' ' -f1)"
+umount /mnt/share || exit 15
 SH
 )
 log=/tmp/vd-c.log
-echo "--- C: read back ($L2_VMM)"
+echo "--- C: read back, 9p writes ($L2_VMM)"
 # shellcheck disable=SC2086
-l2_run "$log" "boot C" "$GUEST_INITRD" "$SCRIPT_C" $DEVS_B
+l2_run "$log" "boot C" "$GUEST_INITRD" "$SCRIPT_C" $DEVS_B --share "$W/share,tag=host0"
 same "blk: the raw disk kept the fsynced file across kill -9" "$fsync_sum" "$(guest_value "$log" READ-raw)"
 same "blk: the pcow disk kept the fsynced file across kill -9" "$fsync_sum" "$(guest_value "$log" READ-pc)"
 same "pmem: the DAX file system kept the fsynced file across kill -9" "$fsync_sum" "$(guest_value "$log" READ-pm)"
@@ -220,6 +225,8 @@ image_check disk.pcow "after the read-back VM"
 image_check pmem.pcow "after the read-back VM"
 as_raw disk.pcow disk-pcow.raw
 as_raw pmem.pcow pmem.raw
+same "9p: the tree the guest wrote into the share matches on L1" "$tree_host" "$(tree_sum share/back)"
+same "9p: the 4 MiB file the guest wrote matches on L1" "$(guest_value "$log" BIG-SUM)" "$(md5sum < share/big | cut -d' ' -f1)"
 fsck_clean disk.raw "the raw disk (after kill -9 and replay)"
 fsck_clean disk-pcow.raw "the pcow disk (after kill -9 and replay)"
 fsck_clean pmem.raw "the pmem image (after kill -9 and replay)"
