@@ -68,3 +68,36 @@ pub trait VirtioDevice: Send {
     /// Whether the device is serving (activated and not reset since).
     fn is_active(&self) -> bool;
 }
+
+/// The queue of a one-queue device, checked: exactly one queue, rings inside guest memory,
+/// `VIRTIO_RING_F_EVENT_IDX` applied as `acked_features` say.
+pub fn single_queue(
+    queues: Vec<DeviceQueue>,
+    mem: &Mem,
+    acked_features: u64,
+) -> Result<DeviceQueue, ActivateError> {
+    use virtio_queue::QueueT;
+    let got = queues.len();
+    let Some(mut dq) = queues.into_iter().next().filter(|_| got == 1) else {
+        return Err(ActivateError::QueueCount { want: 1, got });
+    };
+    if !dq.queue.is_valid(mem) {
+        return Err(ActivateError::InvalidQueue(0));
+    }
+    dq.queue
+        .set_event_idx(acked_features & crate::features::RING_EVENT_IDX != 0);
+    Ok(dq)
+}
+
+/// Reads `data.len()` bytes of a configuration space `config` at `offset`; bytes past its
+/// end read as zero.
+pub fn read_config_bytes(config: &[u8], offset: u64, data: &mut [u8]) {
+    data.fill(0);
+    let Ok(start) = usize::try_from(offset) else {
+        return;
+    };
+    if let Some(src) = config.get(start..) {
+        let n = src.len().min(data.len());
+        data[..n].copy_from_slice(&src[..n]);
+    }
+}

@@ -38,7 +38,7 @@ use virtio_bindings::bindings::virtio_blk::{
     VIRTIO_BLK_F_RO, VIRTIO_BLK_F_SEG_MAX, VIRTIO_BLK_F_SIZE_MAX, VIRTIO_BLK_F_WRITE_ZEROES,
     VIRTIO_BLK_ID_BYTES,
 };
-use virtio_queue::{Queue, QueueT};
+use virtio_queue::Queue;
 
 /// Entries in the device's one queue.
 pub const QUEUE_SIZE: u16 = 256;
@@ -384,15 +384,7 @@ impl VirtioDevice for Block {
     }
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
-        data.fill(0);
-        let config = self.config();
-        let Ok(start) = usize::try_from(offset) else {
-            return;
-        };
-        if let Some(src) = config.get(start..) {
-            let n = src.len().min(data.len());
-            data[..n].copy_from_slice(&src[..n]);
-        }
+        crate::device::read_config_bytes(&self.config(), offset, data);
     }
 
     fn activate(
@@ -401,18 +393,11 @@ impl VirtioDevice for Block {
         interrupt: Arc<dyn Interrupt>,
         queues: Vec<DeviceQueue>,
     ) -> Result<(), ActivateError> {
-        let got = queues.len();
-        let Some(dq) = queues.into_iter().next().filter(|_| got == 1) else {
-            return Err(ActivateError::QueueCount { want: 1, got });
-        };
-        if !dq.queue.is_valid(&mem) {
-            return Err(ActivateError::InvalidQueue(0));
-        }
+        let dq = crate::device::single_queue(queues, &mem, self.acked)?;
         if let Some(worker) = self.worker.take() {
             worker.stop();
         }
-        let mut queue = dq.queue;
-        queue.set_event_idx(self.acked & features::RING_EVENT_IDX != 0);
+        let queue = dq.queue;
         let handler = BlockWorker {
             mem,
             interrupt,

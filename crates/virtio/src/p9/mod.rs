@@ -27,7 +27,6 @@ use serve::{Dispatcher, Pool};
 use std::path::PathBuf;
 use std::sync::Arc;
 use thiserror::Error;
-use virtio_queue::QueueT;
 
 /// VIRTIO_9P_MOUNT_TAG: the configuration space holds a mount tag.
 pub const MOUNT_TAG: u64 = 1 << 0;
@@ -115,6 +114,12 @@ struct Active {
 }
 
 impl P9 {
+    /// Pool threads alive now (0 when not active).
+    #[cfg(test)]
+    fn pool_threads(&self) -> usize {
+        self.active.as_ref().map_or(0, |a| a.pool.live_threads())
+    }
+
     /// Checks the tag and the directory and opens the export.
     pub fn new(cfg: ShareConfig) -> Result<Self, P9Error> {
         let ShareConfig { root, tag, server } = cfg;
@@ -191,36 +196,17 @@ impl VirtioDevice for P9 {
     }
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
-        data.fill(0);
-        let Ok(start) = usize::try_from(offset) else {
-            return;
-        };
-        if let Some(src) = self.config.get(start..) {
-            let n = src.len().min(data.len());
-            data[..n].copy_from_slice(&src[..n]);
-        }
+        crate::device::read_config_bytes(&self.config, offset, data);
     }
 
     fn activate(
         &mut self,
         mem: Mem,
         interrupt: Arc<dyn Interrupt>,
-        mut queues: Vec<DeviceQueue>,
+        queues: Vec<DeviceQueue>,
     ) -> Result<(), ActivateError> {
         self.reset();
-        if queues.len() != 1 {
-            return Err(ActivateError::QueueCount {
-                want: 1,
-                got: queues.len(),
-            });
-        }
-        let Some(DeviceQueue { mut queue, event }) = queues.pop() else {
-            return Err(ActivateError::QueueCount { want: 1, got: 0 });
-        };
-        if !queue.is_valid(&mem) {
-            return Err(ActivateError::InvalidQueue(0));
-        }
-        queue.set_event_idx(self.acked & features::RING_EVENT_IDX != 0);
+        let DeviceQueue { queue, event } = crate::device::single_queue(queues, &mem, self.acked)?;
         #[cfg(test)]
         let hook = self.hook.clone();
         #[cfg(not(test))]

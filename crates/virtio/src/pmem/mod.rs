@@ -132,13 +132,7 @@ impl VirtioDevice for Pmem {
         let mut cfg = [0u8; 16];
         cfg[..8].copy_from_slice(&self.start.to_le_bytes());
         cfg[8..].copy_from_slice(&self.size.to_le_bytes());
-        for (i, b) in data.iter_mut().enumerate() {
-            *b = usize::try_from(offset)
-                .ok()
-                .and_then(|o| cfg.get(o + i))
-                .copied()
-                .unwrap_or(0);
-        }
+        crate::device::read_config_bytes(&cfg, offset, data);
     }
 
     fn activate(

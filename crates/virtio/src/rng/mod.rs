@@ -10,7 +10,7 @@ use crate::worker::{QueueHandler, Worker};
 use crate::{device_type, features, Interrupt, Mem};
 use std::io::Write;
 use std::sync::Arc;
-use virtio_queue::{DescriptorChain, Queue, QueueT};
+use virtio_queue::{DescriptorChain, Queue};
 
 /// Size of the queue.
 pub const QUEUE_SIZE: u16 = 256;
@@ -135,22 +135,10 @@ impl VirtioDevice for Rng {
         &mut self,
         mem: Mem,
         interrupt: Arc<dyn Interrupt>,
-        mut queues: Vec<DeviceQueue>,
+        queues: Vec<DeviceQueue>,
     ) -> Result<(), ActivateError> {
         self.reset();
-        if queues.len() != 1 {
-            return Err(ActivateError::QueueCount {
-                want: 1,
-                got: queues.len(),
-            });
-        }
-        let Some(DeviceQueue { mut queue, event }) = queues.pop() else {
-            return Err(ActivateError::QueueCount { want: 1, got: 0 });
-        };
-        if !queue.is_valid(&mem) {
-            return Err(ActivateError::InvalidQueue(0));
-        }
-        queue.set_event_idx(self.acked & features::RING_EVENT_IDX != 0);
+        let DeviceQueue { queue, event } = crate::device::single_queue(queues, &mem, self.acked)?;
         let handler = Handler {
             queue,
             mem,
