@@ -114,12 +114,6 @@ struct Active {
 }
 
 impl P9 {
-    /// Pool threads alive now (0 when not active).
-    #[cfg(test)]
-    fn pool_threads(&self) -> usize {
-        self.active.as_ref().map_or(0, |a| a.pool.live_threads())
-    }
-
     /// Checks the tag and the directory and opens the export.
     pub fn new(cfg: ShareConfig) -> Result<Self, P9Error> {
         let ShareConfig { root, tag, server } = cfg;

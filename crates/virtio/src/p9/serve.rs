@@ -52,8 +52,7 @@ const KEEP_BUFFER: usize = 64 << 10;
 /// Rlerror: header, ecode[4].
 const RLERROR_LEN: usize = HEADER_LEN + 4;
 
-/// Test hook: called on the pool thread with a request's tag before it is served (with a
-/// hook set, every request goes to the pool).
+/// Test hook: called on the pool thread with a request's tag before it is served.
 pub(crate) type Hook = Arc<dyn Fn(u16) + Send + Sync>;
 
 /// One guest buffer.
@@ -77,28 +76,6 @@ pub(crate) struct Chain {
     tag: u16,
     /// `Some(oldtag)` for a Tflush.
     flush: Option<u16>,
-    /// The T-message's type (0 when the header is incomplete).
-    kind: u8,
-}
-
-impl Chain {
-    /// Metadata requests that the server answers from a few system calls on descriptors it
-    /// holds (walk, getattr, clunk, ...): the dispatcher serves these itself when the pool
-    /// has nothing queued, saving two thread hand-offs per request of a stat storm. Reads,
-    /// writes, directory reads, fsyncs and locks, which can take long, always go to the pool,
-    /// so a slow one never holds up the ring.
-    fn is_quick(&self) -> bool {
-        matches!(
-            self.kind,
-            kind::TVERSION
-                | kind::TATTACH
-                | kind::TWALK
-                | kind::TGETATTR
-                | kind::TCLUNK
-                | kind::TXATTRWALK
-                | kind::TREADLINK
-        )
-    }
 }
 
 /// Walks a chain once: its buffers (all within guest memory, readable ones first) and the
@@ -155,9 +132,8 @@ pub(crate) fn capture(chain: DescriptorChain<&Mem>, mem: &Mem) -> Result<Chain, 
     if !read_regions(mem, &readable, &mut hdr[..have]) {
         return Err(head);
     }
-    let (mut frame_len, mut tag, mut flush, mut kind_byte) = (read_len, NOTAG, None, 0);
+    let (mut frame_len, mut tag, mut flush) = (read_len, NOTAG, None);
     if have >= HEADER_LEN {
-        kind_byte = hdr[4];
         let size = u64::from(u32::from_le_bytes([hdr[0], hdr[1], hdr[2], hdr[3]]));
         tag = u16::from_le_bytes([hdr[5], hdr[6]]);
         // Slack after the message is ignored; a short or oversized declaration is passed on
@@ -177,7 +153,6 @@ pub(crate) fn capture(chain: DescriptorChain<&Mem>, mem: &Mem) -> Result<Chain, 
         write_len,
         tag,
         flush,
-        kind: kind_byte,
     })
 }
 
@@ -479,28 +454,6 @@ impl Pool {
         self.complete(&mut g, &done);
     }
 
-    /// Serves a quick request on the dispatcher's own thread when nothing is waiting for
-    /// the pool (see [`Chain::is_quick`]); otherwise queues it. Returns whether it was
-    /// served here.
-    fn try_inline(&self, chain: Chain, bufs: &mut Buffers) -> Result<(), Chain> {
-        {
-            let mut g = self.lock();
-            // (Tests that hold requests on a hook exercise the pool: everything goes there.)
-            if !chain.is_quick() || !g.jobs.is_empty() || self.hook.is_some() {
-                return Err(chain);
-            }
-            g.tags.entry(chain.tag).or_default().pending += 1;
-        }
-        self.run(chain, bufs);
-        Ok(())
-    }
-
-    /// Pool threads alive now.
-    #[cfg(test)]
-    pub(crate) fn live_threads(&self) -> usize {
-        self.lock().live
-    }
-
     /// Queues a request for the pool, starting a thread when none is free.
     fn submit(self: &Arc<Self>, chain: Chain, bufs: &mut Buffers) {
         let mut g = self.lock();
@@ -643,11 +596,7 @@ impl crate::worker::QueueHandler for Dispatcher {
             match capture(chain, &pool.mem) {
                 Ok(chain) => match chain.flush {
                     Some(oldtag) => pool.flush(chain, oldtag, &mut self.bufs),
-                    None => {
-                        if let Err(chain) = pool.try_inline(chain, &mut self.bufs) {
-                            pool.submit(chain, &mut self.bufs);
-                        }
-                    }
+                    None => pool.submit(chain, &mut self.bufs),
                 },
                 Err(head) => {
                     tracing::debug!(head, "malformed 9p request chain");

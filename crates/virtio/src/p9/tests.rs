@@ -480,29 +480,6 @@ fn several_requests_in_one_notification() {
 }
 
 #[test]
-fn metadata_requests_are_served_by_the_dispatcher_and_reads_by_the_pool() {
-    let (_dir, mut dev) = device(false);
-    let mut g = Guest::activate(&mut dev);
-    g.version_attach();
-    for t in 0..10u16 {
-        let r = g.call(100 + t, &getattr(0)).ok(kind::TGETATTR + 1);
-        assert_eq!(r.tag, 100 + t);
-    }
-    assert_eq!(dev.pool_threads(), 0, "a stat storm needs no pool thread");
-    g.open(1, "hello.txt");
-    g.call(
-        200,
-        &Request::Read {
-            fid: 1,
-            offset: 0,
-            count: 64,
-        },
-    )
-    .ok(kind::TREAD + 1);
-    assert_eq!(dev.pool_threads(), 1, "reads go to the pool");
-}
-
-#[test]
 fn slow_request_does_not_block_the_others() {
     let (_dir, mut dev) = device(false);
     let gate = gated(&mut dev);
