@@ -89,6 +89,7 @@ bench_vmm() {
   fi
   devs="--share $W/share,tag=host0 --disk $W/disk.raw,format=raw --pmem $W/pmem.img --rng"
 
+  export L2_MEM=256M
   log="$W/$1-idle.log"
   echo "# $1: idle boot"
   # shellcheck disable=SC2086
@@ -116,6 +117,8 @@ bench_vmm() {
   fi
 
   log="$W/$1-work.log"
+  # The copied tree lives in the guest's tmpfs: give the workload boot room for it.
+  export L2_MEM="${BENCH_WORK_MEM:-1G}"
   echo "# $1: workload boot (pmem image $pfmt)"
   # shellcheck disable=SC2086
   l2_start "$log" "$GUEST_INITRD_TOOLS" "$WORK_SCRIPT" $devs
