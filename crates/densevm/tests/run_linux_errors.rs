@@ -139,3 +139,58 @@ fn flags_that_need_a_kernel() {
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("nothing to run"), "{}", stderr(&out));
 }
+
+/// Bad device options stop densevm before the VM exists, each with a message that says
+/// what to do.
+#[test]
+fn bad_device_options_are_refused_before_the_vm_starts() {
+    let dir = scratch("devices");
+    let kernel = dir.join("vmlinux");
+    std::fs::write(&kernel, tiny_pvh_elf()).unwrap();
+    let k = kernel.to_str().unwrap();
+    let d = dir.to_str().unwrap();
+    let disk = dir.join("disk.raw");
+    std::fs::write(&disk, vec![0u8; 1 << 20]).unwrap();
+    let disk = disk.to_str().unwrap();
+    let missing = format!("{d}/missing.raw");
+    let twice_tag = [format!("{d},tag=t"), format!("{d},tag=t")];
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["--kernel", k, "--disk", &missing],
+            "densevm image create",
+        ),
+        (vec!["--kernel", k, "--disk", d], "is a directory"),
+        (
+            vec!["--kernel", k, "--disk", disk, "--disk", disk],
+            "given twice",
+        ),
+        (
+            vec!["--kernel", k, "--disk", "x,format=qcow2"],
+            "format=raw|pcow",
+        ),
+        (vec!["--kernel", k, "--share", d], "tag=host0"),
+        (
+            vec![
+                "--kernel",
+                k,
+                "--share",
+                &twice_tag[0],
+                "--share",
+                &twice_tag[1],
+            ],
+            "its own tag",
+        ),
+        (vec!["--kernel", k, "--share", &missing], "tag="),
+        (vec!["--probe", "--rng"], "add --kernel FILE"),
+    ];
+    for (args, needle) in cases {
+        let (code, err) = run(&args);
+        assert_ne!(code, Some(0), "{args:?} was accepted");
+        assert!(err.contains(needle), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+    let (code, err) = run(&["--kernel", k, "--share", &format!("{missing},tag=m")]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("missing.raw"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}
