@@ -68,3 +68,18 @@ pub fn pop<'m>(
 ) -> Result<Option<DescriptorChain<&'m Mem>>, RingError> {
     Ok(queue.iter(mem)?.next())
 }
+
+/// What a device's worker does with the result of serving its ring: a ring error marks the
+/// device broken (it serves nothing more until reset) and asks the driver for a reset.
+pub fn check_ring(
+    result: Result<usize, RingError>,
+    device: &str,
+    broken: &mut bool,
+    interrupt: &dyn Interrupt,
+) {
+    if let Err(e) = result {
+        tracing::warn!("{device}: the driver corrupted the queue ({e}); the device needs a reset");
+        *broken = true;
+        interrupt.needs_reset();
+    }
+}

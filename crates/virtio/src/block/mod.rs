@@ -454,12 +454,6 @@ impl QueueHandler for BlockWorker {
         let served = queue::drain(queue, 0, mem, &**interrupt, |chain| {
             request::serve(&mut **backend, disk, mem, chain)
         });
-        if let Err(e) = served {
-            tracing::error!(
-                "virtio-blk: the driver corrupted the queue ({e}); the device needs a reset"
-            );
-            *broken = true;
-            interrupt.needs_reset();
-        }
+        queue::check_ring(served, "virtio-blk", broken, &**interrupt);
     }
 }

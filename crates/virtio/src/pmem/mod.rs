@@ -105,11 +105,7 @@ impl QueueHandler for Handler {
             self.interrupt.as_ref(),
             |c| Self::serve(&flush, &self.mem, c),
         );
-        if let Err(e) = result {
-            tracing::warn!("virtio-pmem: the guest's queue is corrupt ({e:?}); device needs reset");
-            self.broken = true;
-            self.interrupt.needs_reset();
-        }
+        queue::check_ring(result, "virtio-pmem", &mut self.broken, &*self.interrupt);
     }
 }
 

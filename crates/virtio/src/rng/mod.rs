@@ -102,11 +102,8 @@ impl QueueHandler for Handler {
         if self.broken {
             return;
         }
-        if let Err(e) = process_queue(&mut self.queue, &self.mem, &*self.interrupt) {
-            tracing::warn!("virtio-rng: ring error, the device needs a reset: {e}");
-            self.broken = true;
-            self.interrupt.needs_reset();
-        }
+        let result = process_queue(&mut self.queue, &self.mem, &*self.interrupt);
+        crate::queue::check_ring(result, "virtio-rng", &mut self.broken, &*self.interrupt);
     }
 }
 
