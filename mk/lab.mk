@@ -22,14 +22,15 @@ lab: guest
 
 # Each test's output is kept in build/lab/tests/NAME.out; a failed test's last lines are
 # repeated at the end so that the tail of a CI log says why it failed. A run whose L1 died
-# before the script reported its exit code (QEMU or the L1 kernel crashed) is repeated once;
-# a script's own failure and an L1 timeout are not.
+# before the script reported its exit code (QEMU or the L1 kernel crashed) or whose L1 kernel
+# stalled (a CPU soft-locked for LAB_STALL_S, see lab/run) is repeated once; a script's own
+# failure and an L1 timeout are not.
 test-lab: guest test-kernel-real
 	@mkdir -p build/lab/tests; failed=""; for t in $(LAB_TESTS); do \
 	  echo "== lab test $$t"; out=build/lab/tests/$$(basename $$t .sh).out; \
 	  DENSEVM=$(LAB_DENSEVM) LAB_TIMEOUT=$(LAB_TEST_TIMEOUT) lab/run $$t 2>&1 | tee $$out; \
-	  if grep -q "^lab: error: L1 ended" $$out; then \
-	    echo "lab: L1 died before the script ended (not a test verdict); running $$t once more"; \
+	  if grep -q -e "^lab: error: L1 ended" -e "^lab: error: L1 stalled" $$out; then \
+	    echo "lab: L1 died or stalled before the script ended (not a test verdict); running $$t once more"; \
 	    DENSEVM=$(LAB_DENSEVM) LAB_TIMEOUT=$(LAB_TEST_TIMEOUT) lab/run $$t 2>&1 | tee $$out; \
 	  fi; \
 	  grep -q "^lab: script exited with 0 after" $$out || failed="$$failed $$t"; \
