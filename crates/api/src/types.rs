@@ -1,0 +1,132 @@
+//! The JSON bodies of the API. Where Firecracker has the same resource, the names and
+//! shapes are Firecracker's, so scripts written for it carry over; request bodies reject
+//! unknown fields, so a typo is a 400 naming the field instead of a silently ignored key.
+
+use serde::{Deserialize, Deserializer, Serialize};
+
+/// The largest `count` of one `POST /clones`.
+pub const MAX_CLONES: u32 = 256;
+
+/// `GET /`: what this VMM is and what its VM is doing (Firecracker's `InstanceInfo`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InstanceInfo {
+    /// The VM's id (`densevm run --id`, or one the VMM made up).
+    pub id: String,
+    /// Whether the VM has started, runs or is paused.
+    pub state: InstanceState,
+    /// The VMM's version.
+    pub vmm_version: String,
+    /// The VMM's name: "densevm".
+    pub app_name: String,
+}
+
+/// The VM's state, with Firecracker's strings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum InstanceState {
+    /// Built, vCPUs not running yet.
+    #[serde(rename = "Not started")]
+    NotStarted,
+    /// vCPUs running.
+    Running,
+    /// vCPUs parked by `PATCH /vm {"state": "Paused"}`.
+    Paused,
+}
+
+/// `PATCH /vm`: pause or resume the vCPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VmStateChange {
+    /// The state wanted.
+    pub state: VmState,
+}
+
+/// The states `PATCH /vm` can ask for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum VmState {
+    /// Park every vCPU outside `KVM_RUN`.
+    Paused,
+    /// Let the vCPUs run again.
+    Resumed,
+}
+
+/// `PUT /snapshot/create` (Firecracker's `SnapshotCreateParams`, with densevm's reading of
+/// the paths: `snapshot_path` is a directory that will hold `state` and `memory`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotCreate {
+    /// Full (the default) or Template; Firecracker's "Diff" is refused.
+    #[serde(default)]
+    pub snapshot_type: SnapshotType,
+    /// The directory the snapshot is written to (it will hold `state` and `memory`).
+    pub snapshot_path: String,
+    /// Accepted only so a Firecracker body gets a helpful 400: densevm keeps the memory
+    /// file inside `snapshot_path`, so this must be absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem_file_path: Option<String>,
+}
+
+/// What kind of snapshot to take.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub enum SnapshotType {
+    /// The VM's state and a copy of its RAM.
+    #[default]
+    Full,
+    /// densevm's own: the VM's RAM file becomes a frozen template that clones map
+    /// copy-on-write (`POST /clones`).
+    Template,
+}
+
+impl<'de> Deserialize<'de> for SnapshotType {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        match name.as_str() {
+            "Full" => Ok(Self::Full),
+            "Template" => Ok(Self::Template),
+            "Diff" => Err(serde::de::Error::custom(
+                "densevm has no diff snapshots: use \"Full\" (state and a copy of RAM) or \
+                 \"Template\" (RAM frozen as a template for clones)",
+            )),
+            _ => Err(serde::de::Error::unknown_variant(
+                &name,
+                &["Full", "Template"],
+            )),
+        }
+    }
+}
+
+/// `POST /clones`: start `count` clones of a template snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CloneRequest {
+    /// How many clones, 1..=[`MAX_CLONES`].
+    pub count: u32,
+    /// A snapshot directory made by `PUT /snapshot/create` with `"snapshot_type": "Template"`.
+    pub snapshot_path: String,
+}
+
+/// The answer to `POST /clones`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CloneList {
+    /// One entry per clone started.
+    pub clones: Vec<CloneInfo>,
+}
+
+/// One clone started by `POST /clones`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CloneInfo {
+    /// 0-based index among the clones of this request.
+    pub index: u32,
+    /// The clone's VMM process id.
+    pub pid: u32,
+    /// The clone's own API socket.
+    pub api_sock: String,
+    /// Where the clone's console goes (a file or a pty path).
+    pub console: String,
+}
+
+/// The body of every error response (Firecracker's error body).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApiError {
+    /// What went wrong and what to do about it.
+    pub fault_message: String,
+}

@@ -1,0 +1,185 @@
+//! The route table: every route, 404, 405, bad JSON, unknown fields, refused Firecracker
+//! options and range checks.
+
+use densevm_api::{
+    parse_route, ApiRequest, CloneRequest, InstanceInfo, InstanceState, SnapshotCreate,
+    SnapshotType, VmState, VmStateChange,
+};
+
+fn err(method: &str, path: &str, body: &str) -> (u16, String) {
+    let e = parse_route(method, path, body.as_bytes()).expect_err("must fail");
+    (e.status, e.message)
+}
+
+#[test]
+fn every_route_parses() {
+    assert_eq!(parse_route("GET", "/", b""), Ok(ApiRequest::GetInfo));
+    assert_eq!(
+        parse_route("GET", "/?verbose=1", b"ignored"),
+        Ok(ApiRequest::GetInfo)
+    );
+    for (word, state) in [("Paused", VmState::Paused), ("Resumed", VmState::Resumed)] {
+        let body = format!(r#"{{"state": "{word}"}}"#);
+        assert_eq!(
+            parse_route("PATCH", "/vm", body.as_bytes()),
+            Ok(ApiRequest::PatchVm(VmStateChange { state }))
+        );
+    }
+    assert_eq!(
+        parse_route("PUT", "/snapshot/create", br#"{"snapshot_path": "/s/a"}"#),
+        Ok(ApiRequest::CreateSnapshot(SnapshotCreate {
+            snapshot_type: SnapshotType::Full,
+            snapshot_path: "/s/a".into(),
+            mem_file_path: None,
+        }))
+    );
+    assert_eq!(
+        parse_route(
+            "PUT",
+            "/snapshot/create/",
+            br#"{"snapshot_type": "Template", "snapshot_path": "/t"}"#
+        ),
+        Ok(ApiRequest::CreateSnapshot(SnapshotCreate {
+            snapshot_type: SnapshotType::Template,
+            snapshot_path: "/t".into(),
+            mem_file_path: None,
+        }))
+    );
+    assert_eq!(
+        parse_route("POST", "/clones", br#"{"count": 3, "snapshot_path": "/t"}"#),
+        Ok(ApiRequest::CreateClones(CloneRequest {
+            count: 3,
+            snapshot_path: "/t".into()
+        }))
+    );
+}
+
+#[test]
+fn unknown_path_is_404_listing_the_routes() {
+    let (status, msg) = err("GET", "/machine-config", "");
+    assert_eq!(status, 404);
+    for route in ["GET /", "PATCH /vm", "PUT /snapshot/create", "POST /clones"] {
+        assert!(msg.contains(route), "{msg}");
+    }
+    assert!(msg.contains("/machine-config"), "{msg}");
+    assert_eq!(err("GET", "", "").0, 404);
+    assert_eq!(err("GET", "*", "").0, 404);
+    // A long path is quoted cut short.
+    let long = format!("/{}", "x".repeat(5000));
+    assert!(err("GET", &long, "").1.len() < 600);
+}
+
+#[test]
+fn wrong_method_is_405_naming_the_right_one() {
+    let (status, msg) = err("GET", "/vm", "");
+    assert_eq!(status, 405);
+    assert!(msg.contains("PATCH"), "{msg}");
+    assert_eq!(err("POST", "/", "").0, 405);
+    assert!(err("POST", "/snapshot/create", "{}").1.contains("PUT"));
+    assert!(err("PUT", "/clones", "{}").1.contains("POST"));
+    assert_eq!(err("get", "/", "").0, 405, "methods are case-sensitive");
+}
+
+#[test]
+fn bad_json_is_400_with_serdes_message() {
+    let (status, msg) = err("PATCH", "/vm", "{\"state\": ");
+    assert_eq!(status, 400);
+    assert!(msg.contains("EOF"), "{msg}");
+    let (status, msg) = err("PATCH", "/vm", "");
+    assert_eq!(status, 400);
+    assert!(msg.contains("needs a JSON body"), "{msg}");
+    let (status, msg) = err("PATCH", "/vm", r#"{"state": "Stopped"}"#);
+    assert_eq!(status, 400);
+    assert!(msg.contains("Stopped") && msg.contains("Resumed"), "{msg}");
+    assert_eq!(err("PATCH", "/vm", "\u{0}\u{1}").0, 400);
+    assert_eq!(
+        err("POST", "/clones", r#"{"count": -1, "snapshot_path": "/t"}"#).0,
+        400
+    );
+    assert_eq!(err("PUT", "/snapshot/create", r#"{}"#).0, 400);
+}
+
+#[test]
+fn unknown_field_is_400_naming_it() {
+    let (status, msg) = err("PATCH", "/vm", r#"{"state": "Paused", "stat": 1}"#);
+    assert_eq!(status, 400);
+    assert!(msg.contains("stat"), "{msg}");
+    let (_, msg) = err("PUT", "/snapshot/create", r#"{"snapshot_pth": "/s"}"#);
+    assert!(msg.contains("snapshot_pth"), "{msg}");
+    let (_, msg) = err(
+        "POST",
+        "/clones",
+        r#"{"count": 1, "snapshot_path": "/t", "n": 2}"#,
+    );
+    assert!(msg.contains("`n`"), "{msg}");
+}
+
+#[test]
+fn firecracker_options_densevm_lacks_are_refused_with_advice() {
+    let (status, msg) = err(
+        "PUT",
+        "/snapshot/create",
+        r#"{"snapshot_type": "Diff", "snapshot_path": "/s"}"#,
+    );
+    assert_eq!(status, 400);
+    assert!(msg.contains("no diff snapshots"), "{msg}");
+    let (status, msg) = err(
+        "PUT",
+        "/snapshot/create",
+        r#"{"snapshot_type": "Full", "snapshot_path": "/s", "mem_file_path": "/m"}"#,
+    );
+    assert_eq!(status, 400);
+    assert!(msg.contains("inside snapshot_path") && msg.contains("only snapshot_path"));
+    assert_eq!(
+        err("PUT", "/snapshot/create", r#"{"snapshot_path": ""}"#).0,
+        400
+    );
+}
+
+#[test]
+fn clone_count_is_bounded() {
+    let body = |n: i64| format!(r#"{{"count": {n}, "snapshot_path": "/t"}}"#);
+    for n in [1, 256] {
+        assert!(
+            parse_route("POST", "/clones", body(n).as_bytes()).is_ok(),
+            "{n}"
+        );
+    }
+    for n in [0, 257, 1 << 40] {
+        let (status, msg) = err("POST", "/clones", &body(n));
+        assert_eq!(status, 400, "{n}: {msg}");
+    }
+    assert!(err("POST", "/clones", &body(0)).1.contains("1 to 256"));
+    assert_eq!(
+        err("POST", "/clones", r#"{"count": 1, "snapshot_path": ""}"#).0,
+        400
+    );
+}
+
+#[test]
+fn response_types_use_firecrackers_strings() {
+    let info = InstanceInfo {
+        id: "vm0".into(),
+        state: InstanceState::NotStarted,
+        vmm_version: "0.1.0".into(),
+        app_name: "densevm".into(),
+    };
+    let json = serde_json::to_string(&info).unwrap();
+    assert_eq!(
+        json,
+        r#"{"id":"vm0","state":"Not started","vmm_version":"0.1.0","app_name":"densevm"}"#
+    );
+    assert_eq!(
+        serde_json::to_string(&InstanceState::Paused).unwrap(),
+        r#""Paused""#
+    );
+    let snap = SnapshotCreate {
+        snapshot_type: SnapshotType::Template,
+        snapshot_path: "/t".into(),
+        mem_file_path: None,
+    };
+    assert_eq!(
+        serde_json::to_string(&snap).unwrap(),
+        r#"{"snapshot_type":"Template","snapshot_path":"/t"}"#
+    );
+}

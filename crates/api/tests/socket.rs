@@ -1,0 +1,335 @@
+//! The server and the client over a real unix socket.
+
+use std::fs;
+use std::io::{Read, Write};
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use densevm_api::{
+    ApiClient, ApiRequest, ApiResponse, ApiServer, ApiServerError, ApiServerHandle, ClientError,
+    CloneInfo, CloneList, CloneRequest, InstanceInfo, InstanceState, SnapshotCreate, SnapshotType,
+    VmState,
+};
+
+type Calls = Arc<Mutex<Vec<ApiRequest>>>;
+
+fn info() -> InstanceInfo {
+    InstanceInfo {
+        id: "vm0".into(),
+        state: InstanceState::Running,
+        vmm_version: "0.1.0".into(),
+        app_name: "densevm".into(),
+    }
+}
+
+/// A handler that records every call and answers like a VMM would.
+fn recording(calls: Calls) -> Box<dyn FnMut(ApiRequest) -> ApiResponse + Send> {
+    Box::new(move |req| {
+        calls.lock().unwrap().push(req.clone());
+        match req {
+            ApiRequest::GetInfo => ApiResponse::ok(&info()),
+            ApiRequest::PatchVm(_) => ApiResponse::no_content(),
+            ApiRequest::CreateSnapshot(s) if s.snapshot_path == "/busy" => {
+                ApiResponse::error(409, "a snapshot is already being written; retry later")
+            }
+            ApiRequest::CreateSnapshot(_) => ApiResponse::no_content(),
+            ApiRequest::CreateClones(c) => ApiResponse::ok(&CloneList {
+                clones: (0..c.count)
+                    .map(|i| CloneInfo {
+                        index: i,
+                        pid: 1000 + i,
+                        api_sock: format!("/run/c{i}.sock"),
+                        console: format!("/run/c{i}.log"),
+                    })
+                    .collect(),
+            }),
+        }
+    })
+}
+
+fn serve(dir: &Path, idle: Duration) -> (ApiServerHandle, Calls, PathBuf) {
+    let path = dir.join("api.sock");
+    let mut server = ApiServer::bind(&path).unwrap();
+    server.set_idle_timeout(idle);
+    let calls = Calls::default();
+    let handle = server.spawn(recording(calls.clone())).unwrap();
+    (handle, calls, path)
+}
+
+#[test]
+fn every_helper_round_trips() {
+    let dir = tempfile::tempdir().unwrap();
+    let (handle, calls, path) = serve(dir.path(), Duration::from_secs(5));
+    let mode = fs::metadata(&path).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let client = ApiClient::new(&path);
+
+    assert_eq!(client.info().unwrap(), info());
+    client.pause().unwrap();
+    client.resume().unwrap();
+    let snap = SnapshotCreate {
+        snapshot_type: SnapshotType::Template,
+        snapshot_path: "/snap".into(),
+        mem_file_path: None,
+    };
+    client.create_snapshot(&snap).unwrap();
+    let clones = CloneRequest {
+        count: 2,
+        snapshot_path: "/snap".into(),
+    };
+    let list = client.create_clones(&clones).unwrap();
+    assert_eq!(list.clones.len(), 2);
+    assert_eq!(list.clones[1].api_sock, "/run/c1.sock");
+
+    // Errors: the handler's, the router's (never reaching the handler), raw statuses.
+    let busy = SnapshotCreate {
+        snapshot_path: "/busy".into(),
+        ..snap.clone()
+    };
+    match client.create_snapshot(&busy) {
+        Err(ClientError::Api {
+            status: 409,
+            message,
+        }) => assert!(message.contains("retry")),
+        other => panic!("{other:?}"),
+    }
+    let fc = SnapshotCreate {
+        mem_file_path: Some("/mem".into()),
+        ..snap.clone()
+    };
+    match client.create_snapshot(&fc) {
+        Err(ClientError::Api {
+            status: 400,
+            message,
+        }) => {
+            assert!(message.contains("mem_file_path"), "{message}")
+        }
+        other => panic!("{other:?}"),
+    }
+    let bad = CloneRequest {
+        count: 0,
+        ..clones.clone()
+    };
+    assert!(matches!(
+        client.create_clones(&bad),
+        Err(ClientError::Api { status: 400, .. })
+    ));
+    let (status, body) = client.request("GET", "/nope", None).unwrap();
+    assert_eq!(status, 404);
+    assert!(String::from_utf8(body).unwrap().contains("fault_message"));
+    assert_eq!(client.request("DELETE", "/vm", None).unwrap().0, 405);
+    assert_eq!(
+        client.request("PATCH", "/vm", None).unwrap().0,
+        400,
+        "empty body"
+    );
+    assert!(matches!(
+        client.request("GET", "/ HTTP/1.1\r\nX: y", None),
+        Err(ClientError::InvalidRequest(_))
+    ));
+    // Too large: the server answers 413 without reading the body.
+    let huge = " ".repeat(70 * 1024);
+    assert_eq!(
+        client
+            .request("PUT", "/snapshot/create", Some(&huge))
+            .unwrap()
+            .0,
+        413
+    );
+    // Deep nesting within the body limit does not overflow the api thread's small stack.
+    let deep = "[".repeat(60 * 1024);
+    assert_eq!(
+        client
+            .request("PUT", "/snapshot/create", Some(&deep))
+            .unwrap()
+            .0,
+        400
+    );
+    let deep = format!(
+        "{{\"snapshot_path\": \"x\", \"mem_file_path\": {}",
+        "[".repeat(60 * 1024)
+    );
+    assert_eq!(
+        client
+            .request("PUT", "/snapshot/create", Some(&deep))
+            .unwrap()
+            .0,
+        400
+    );
+
+    let calls = calls.lock().unwrap().clone();
+    assert_eq!(calls.len(), 6, "{calls:?}");
+    assert_eq!(calls[0], ApiRequest::GetInfo);
+    assert!(matches!(&calls[1], ApiRequest::PatchVm(c) if c.state == VmState::Paused));
+    assert!(matches!(&calls[2], ApiRequest::PatchVm(c) if c.state == VmState::Resumed));
+    assert_eq!(calls[3], ApiRequest::CreateSnapshot(snap));
+    assert_eq!(calls[4], ApiRequest::CreateClones(clones));
+    handle.shutdown();
+}
+
+#[test]
+fn keep_alive_and_pipelining_over_the_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let (handle, calls, path) = serve(dir.path(), Duration::from_secs(5));
+    let mut s = UnixStream::connect(&path).unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\n\r\nPATCH /vm HTTP/1.1\r\nContent-Length: 18\r\n\r\n{\"state\":\"Paused\"}")
+        .unwrap();
+    s.write_all(b"GET /vm HTTP/1.1\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    assert_eq!(out.matches("HTTP/1.1 ").count(), 3, "{out}");
+    assert!(out.contains("HTTP/1.1 200 OK") && out.contains("HTTP/1.1 204 No Content"));
+    assert!(out.contains("HTTP/1.1 405 Method Not Allowed"));
+    assert_eq!(calls.lock().unwrap().len(), 2);
+    handle.shutdown();
+}
+
+#[test]
+fn client_errors_say_what_to_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("none.sock");
+    let err = ApiClient::new(&missing).info().unwrap_err();
+    assert!(matches!(err, ClientError::NoSocket(_)));
+    assert!(err.to_string().contains("--api-sock"), "{err}");
+
+    let stale = dir.path().join("stale.sock");
+    drop(UnixListener::bind(&stale).unwrap());
+    let err = ApiClient::new(&stale).info().unwrap_err();
+    assert!(matches!(err, ClientError::Refused(_)), "{err:?}");
+    assert!(err.to_string().contains("exited"), "{err}");
+
+    // A server that accepts and never answers: the client's timeout ends the wait.
+    let mute = dir.path().join("mute.sock");
+    let _listener = UnixListener::bind(&mute).unwrap();
+    let err = ApiClient::new(&mute)
+        .with_timeout(Duration::from_millis(100))
+        .info()
+        .unwrap_err();
+    assert!(matches!(err, ClientError::Io { .. }), "{err:?}");
+}
+
+#[test]
+fn bind_replaces_a_stale_socket_but_not_a_live_one_or_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("api.sock");
+    drop(UnixListener::bind(&path).unwrap());
+    assert!(fs::symlink_metadata(&path).unwrap().file_type().is_socket());
+    let handle = ApiServer::bind(&path)
+        .unwrap()
+        .spawn(recording(Calls::default()))
+        .unwrap();
+    assert_eq!(ApiClient::new(&path).info().unwrap().id, "vm0");
+
+    let err = ApiServer::bind(&path).unwrap_err();
+    assert!(matches!(err, ApiServerError::InUse(_)));
+    assert!(
+        err.to_string().contains("pick another --api-sock path"),
+        "{err}"
+    );
+    assert_eq!(
+        ApiClient::new(&path).info().unwrap().id,
+        "vm0",
+        "still served"
+    );
+    handle.shutdown();
+
+    let file = dir.path().join("notes.txt");
+    fs::write(&file, "keep me").unwrap();
+    let err = ApiServer::bind(&file).unwrap_err();
+    assert!(matches!(err, ApiServerError::NotASocket(_)), "{err:?}");
+    assert_eq!(fs::read_to_string(&file).unwrap(), "keep me");
+
+    let err = ApiServer::bind(dir.path().join("no/such/dir/api.sock")).unwrap_err();
+    assert!(matches!(err, ApiServerError::Bind { .. }), "{err:?}");
+}
+
+/// Counts drops, to see that the handler (owned by the thread) is gone after shutdown.
+struct DropFlag(Arc<Mutex<bool>>);
+
+impl Drop for DropFlag {
+    fn drop(&mut self) {
+        *self.0.lock().unwrap() = true;
+    }
+}
+
+#[test]
+fn shutdown_joins_the_thread_and_unlinks_the_socket_even_mid_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("api.sock");
+    let dropped = Arc::new(Mutex::new(false));
+    let flag = DropFlag(dropped.clone());
+    let mut server = ApiServer::bind(&path).unwrap();
+    server.set_idle_timeout(Duration::from_secs(60));
+    let handle = server
+        .spawn(Box::new(move |_| {
+            let _keep = &flag;
+            ApiResponse::no_content()
+        }))
+        .unwrap();
+    assert_eq!(handle.path(), path);
+    // A connected client that sends half a request keeps the thread inside a connection.
+    let mut silent = UnixStream::connect(&path).unwrap();
+    silent.write_all(b"GET / HT").unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let t = Instant::now();
+    handle.shutdown();
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    assert!(
+        *dropped.lock().unwrap(),
+        "the thread and its handler are gone"
+    );
+    assert!(!path.exists());
+    assert!(matches!(
+        ApiClient::new(&path).info(),
+        Err(ClientError::NoSocket(_))
+    ));
+
+    // The path is free for the next server; dropping a handle shuts it down too.
+    let handle = ApiServer::bind(&path)
+        .unwrap()
+        .spawn(recording(Calls::default()))
+        .unwrap();
+    drop(handle);
+    assert!(!path.exists());
+    // So does dropping a server that was never spawned.
+    drop(ApiServer::bind(&path).unwrap());
+    assert!(!path.exists());
+}
+
+#[test]
+fn a_silent_or_trickling_client_does_not_wedge_the_api() {
+    let dir = tempfile::tempdir().unwrap();
+    let idle = Duration::from_millis(200);
+    let (handle, _calls, path) = serve(dir.path(), idle);
+    let _silent = UnixStream::connect(&path).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    let t = Instant::now();
+    assert_eq!(ApiClient::new(&path).info().unwrap().id, "vm0");
+    assert!(t.elapsed() < idle * 5, "{:?}", t.elapsed());
+
+    // A byte every 50 ms never completes a request within the idle timeout.
+    let mut slow = UnixStream::connect(&path).unwrap();
+    let t = Instant::now();
+    for b in b"GET / HTTP/1.1\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n\r\n" {
+        if slow.write_all(&[*b]).is_err() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        if t.elapsed() > Duration::from_secs(2) {
+            break;
+        }
+    }
+    let mut out = Vec::new();
+    let _ = slow.read_to_end(&mut out);
+    assert!(
+        out.is_empty(),
+        "cut off without an answer: {}",
+        String::from_utf8_lossy(&out)
+    );
+    assert_eq!(ApiClient::new(&path).info().unwrap().id, "vm0");
+    handle.shutdown();
+}
