@@ -7,6 +7,7 @@ pub mod builder;
 pub mod config;
 pub mod device_manager;
 pub mod memory;
+pub mod persist;
 pub mod report;
 pub mod trace;
 pub mod vmm;

@@ -1,0 +1,89 @@
+//! Snapshots (issue #11): the state-file container snapshots are written in.
+//!
+//! - [`file`] — the state file: a fixed header (magic, format version, payload length,
+//!   CRC32C) followed by the payload as JSON ([`write_state`], [`read_state`]).
+
+pub mod file;
+
+use std::path::PathBuf;
+use thiserror::Error;
+
+pub use file::{read_state, write_state, FORMAT_VERSION, HEADER_LEN, MAGIC, MAX_PAYLOAD};
+
+/// Why a snapshot could not be saved, read or restored.
+///
+/// Every message names its cause once (errors carry the underlying error in their text and
+/// do not chain it again as a `source`) and says what to do about it.
+#[derive(Debug, Error)]
+pub enum PersistError {
+    /// A file operation failed.
+    #[error("cannot {what} {}: {error}", path.display())]
+    Io {
+        /// What was being done ("create", "read", ...).
+        what: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        error: std::io::Error,
+    },
+    /// The file does not start with the densevm snapshot magic.
+    #[error("{} is not a densevm snapshot state file (it does not start with \"DENSEVM-SNAPSHOT\"): give the state file a densevm snapshot wrote", path.display())]
+    NotASnapshot {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The file is shorter than its header says.
+    #[error("{} is truncated: it should hold {expected} bytes but holds {actual}; the snapshot was not completely written or copied, take it again", path.display())]
+    Truncated {
+        /// The file.
+        path: PathBuf,
+        /// Bytes the header (or the header itself) needs.
+        expected: u64,
+        /// Bytes the file holds.
+        actual: u64,
+    },
+    /// The payload does not match its checksum, or the file has bytes after it.
+    #[error("{} is corrupt ({detail}): the file changed after densevm wrote it; take the snapshot again", path.display())]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// What does not match.
+        detail: String,
+    },
+    /// The file is in another format version.
+    #[error("{} is snapshot format version {found}, this densevm reads version {supported} only: restore it with the densevm version that took it", path.display())]
+    UnsupportedVersion {
+        /// The file.
+        path: PathBuf,
+        /// Version in the header.
+        found: u32,
+        /// [`FORMAT_VERSION`].
+        supported: u32,
+    },
+    /// The header announces more payload than densevm ever writes.
+    #[error("{} announces a {len}-byte payload, more than the {limit}-byte limit of densevm state files: it was not written by densevm", path.display())]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
+        /// Payload length in the header.
+        len: u64,
+        /// [`MAX_PAYLOAD`].
+        limit: u64,
+    },
+    /// The payload is valid JSON-in-a-container but not the state this densevm expects.
+    #[error("the state in {} does not parse ({detail}): it was written by an incompatible densevm; restore it with the densevm version that took it", path.display())]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// serde_json's description (with line and column).
+        detail: String,
+    },
+    /// The state could not be encoded (or is too large to write).
+    #[error("cannot encode the snapshot state for {} ({detail}); this is a densevm bug, please report it", path.display())]
+    Encode {
+        /// The file that was to be written.
+        path: PathBuf,
+        /// What went wrong.
+        detail: String,
+    },
+}
