@@ -1,13 +1,18 @@
-//! Snapshots (issue #11): the state-file container snapshots are written in.
+//! Snapshots (issue #11): the host CPU a snapshot was taken on, and the state-file
+//! container snapshots are written in.
 //!
+//! - [`cpu_id`] — [`HostCpu`]: vendor, family/model/stepping and XCR0 mask of the host;
+//!   [`check_same_cpu`] refuses a snapshot from another CPU model.
 //! - [`file`] — the state file: a fixed header (magic, format version, payload length,
 //!   CRC32C) followed by the payload as JSON ([`write_state`], [`read_state`]).
 
+pub mod cpu_id;
 pub mod file;
 
 use std::path::PathBuf;
 use thiserror::Error;
 
+pub use cpu_id::{check_same_cpu, HostCpu};
 pub use file::{read_state, write_state, FORMAT_VERSION, HEADER_LEN, MAGIC, MAX_PAYLOAD};
 
 /// Why a snapshot could not be saved, read or restored.
@@ -16,6 +21,14 @@ pub use file::{read_state, write_state, FORMAT_VERSION, HEADER_LEN, MAGIC, MAX_P
 /// do not chain it again as a `source`) and says what to do about it.
 #[derive(Debug, Error)]
 pub enum PersistError {
+    /// The snapshot comes from another CPU model.
+    #[error("snapshot taken on {saved}, this host is {host}: restore it on the same CPU model")]
+    CpuMismatch {
+        /// The CPU in the snapshot.
+        saved: HostCpu,
+        /// This host's CPU.
+        host: HostCpu,
+    },
     /// A file operation failed.
     #[error("cannot {what} {}: {error}", path.display())]
     Io {
