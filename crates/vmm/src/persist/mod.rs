@@ -1,19 +1,40 @@
-//! Snapshots (issue #11): the host CPU a snapshot was taken on, and the state-file
-//! container snapshots are written in.
+//! Snapshots (issue #11): the KVM state of vCPUs and of the VM, the host CPU a snapshot was
+//! taken on, and the state-file container they are written in.
 //!
+//! - [`vcpu`] — [`VcpuState`]: registers, FPU/XSAVE, LAPIC, MSRs, pending events, CPUID
+//!   and TSC frequency of one vCPU ([`save_vcpu`], [`restore_vcpu`]).
+//! - [`vm`] — [`VmState`]: the in-kernel PIC/IOAPIC and PIT, and the guest clock
+//!   ([`save_vm`], [`restore_vm`]).
 //! - [`cpu_id`] — [`HostCpu`]: vendor, family/model/stepping and XCR0 mask of the host;
 //!   [`check_same_cpu`] refuses a snapshot from another CPU model.
 //! - [`file`] — the state file: a fixed header (magic, format version, payload length,
 //!   CRC32C) followed by the payload as JSON ([`write_state`], [`read_state`]).
+//!
+//! # Order
+//!
+//! Saving: stop every vCPU outside `KVM_RUN` first (`vstate::pause::PauseGate`), then
+//! [`save_vm`] and [`save_vcpu`] for each vCPU. Restoring: create the target VM as
+//! `builder.rs` does — memory, irqchip and PIT (the irqchip must exist before
+//! [`restore_vm`] can fill it) and the vCPUs — then [`restore_vm`] and then
+//! [`restore_vcpu`] for each vCPU, before any vCPU runs. The VM goes first so that the
+//! guest clock and the IOAPIC are in place when the vCPUs' kvmclock MSRs and LAPICs are
+//! restored.
 
 pub mod cpu_id;
 pub mod file;
+pub mod vcpu;
+pub mod vm;
+
+#[cfg(test)]
+mod tests;
 
 use std::path::PathBuf;
 use thiserror::Error;
 
 pub use cpu_id::{check_same_cpu, HostCpu};
 pub use file::{read_state, write_state, FORMAT_VERSION, HEADER_LEN, MAGIC, MAX_PAYLOAD};
+pub use vcpu::{restore_vcpu, save_vcpu, VcpuState};
+pub use vm::{restore_vm, save_vm, IrqchipState, VmState};
 
 /// Why a snapshot could not be saved, read or restored.
 ///
@@ -21,6 +42,41 @@ pub use file::{read_state, write_state, FORMAT_VERSION, HEADER_LEN, MAGIC, MAX_P
 /// do not chain it again as a `source`) and says what to do about it.
 #[derive(Debug, Error)]
 pub enum PersistError {
+    /// A KVM ioctl failed.
+    #[error("{what} failed ({errno}): this host's KVM does not support saving or restoring that state; take and restore snapshots on the same host kernel")]
+    Kvm {
+        /// The ioctl.
+        what: &'static str,
+        /// What KVM returned.
+        errno: kvm_ioctls::Error,
+    },
+    /// KVM_SET_MSRS stopped at an MSR.
+    #[error("KVM refused to restore MSR {index:#x} (value {value:#x}): this host's KVM does not accept it; restore on the host kernel the snapshot was taken on")]
+    MsrRejected {
+        /// The MSR.
+        index: u32,
+        /// The value that was refused.
+        value: u64,
+    },
+    /// The target VM has no in-kernel irqchip (or PIT) to restore into.
+    #[error("the snapshot has an in-kernel irqchip and PIT but the target VM has none: create them (Vm::create_irqchip) before restoring the VM state")]
+    NoIrqchip,
+    /// The saved TSC frequency differs from this host's and KVM cannot scale the guest TSC.
+    #[error("the snapshot's guest TSC runs at {saved_khz} kHz, this host's at {host_khz} kHz, and this host cannot scale a guest TSC (no KVM_CAP_TSC_CONTROL): restore on a host with the same TSC frequency")]
+    TscFrequency {
+        /// From the snapshot.
+        saved_khz: u32,
+        /// This host's vCPU.
+        host_khz: u32,
+    },
+    /// A saved state that KVM cannot be given as it is.
+    #[error("the saved {what} is invalid ({detail}): the state file was not written by this densevm; take the snapshot again")]
+    InvalidState {
+        /// Which part of the state.
+        what: &'static str,
+        /// What is wrong with it.
+        detail: String,
+    },
     /// The snapshot comes from another CPU model.
     #[error("snapshot taken on {saved}, this host is {host}: restore it on the same CPU model")]
     CpuMismatch {
@@ -99,4 +155,9 @@ pub enum PersistError {
         /// What went wrong.
         detail: String,
     },
+}
+
+/// Maps a KVM ioctl error to [`PersistError::Kvm`] naming the ioctl.
+pub(crate) fn kvm_err(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> PersistError {
+    move |errno| PersistError::Kvm { what, errno }
 }
