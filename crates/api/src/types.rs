@@ -71,8 +71,10 @@ pub enum SnapshotType {
     /// The VM's state and a copy of its RAM.
     #[default]
     Full,
-    /// densevm's own: the VM's RAM file becomes a frozen template that clones map
-    /// copy-on-write (`POST /clones`).
+    /// densevm's own name for a snapshot kept as a clone template on disk: written like
+    /// `Full`; every `densevm run --restore DIR` maps its memory file copy-on-write, so
+    /// pages no clone writes exist once in the host page cache. (Clones of a *running*
+    /// VM without any copy: `POST /clones`.)
     Template,
 }
 
@@ -94,13 +96,16 @@ impl<'de> Deserialize<'de> for SnapshotType {
     }
 }
 
-/// `POST /clones`: start `count` clones of a template snapshot.
+/// `POST /clones`: clone the running VM `count` times. The VM pauses while its state is
+/// written into `snapshot_path` and its RAM file is frozen as the clones' copy-on-write
+/// template, then resumes; each clone is a `densevm run --restore` process.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CloneRequest {
     /// How many clones, 1..=[`MAX_CLONES`].
     pub count: u32,
-    /// A snapshot directory made by `PUT /snapshot/create` with `"snapshot_type": "Template"`.
+    /// A new (or empty) directory for the template's state and each clone's API socket
+    /// and console file.
     pub snapshot_path: String,
 }
 

@@ -5,7 +5,8 @@ use crate::arch::cpuid::vcpu_cpuid;
 use crate::boot::{linux, probe, EntryState};
 use crate::config::{place_external_regions, Payload, VmConfig, HIGH_RAM_START, LOW_RAM_END};
 use crate::device_manager::DeviceManager;
-use crate::memory::{Backing, GuestMemory, RegionSpec};
+use crate::memory::{back_ram_with_file, Backing, GuestMemory, RegionSpec};
+use crate::snapshot::ram::{create_ram_file, RamFile};
 use crate::trace::BootTrace;
 use crate::vmm::{Vmm, VmmError};
 use crate::vstate::kick;
@@ -34,7 +35,7 @@ fn host_tsc_khz() -> u64 {
     }
 }
 
-fn create_vcpu(vm: &Vm, index: u32, count: u32) -> Result<VcpuFd, VmmError> {
+pub(crate) fn create_vcpu(vm: &Vm, index: u32, count: u32) -> Result<VcpuFd, VmmError> {
     let err = |what| {
         move |source| VmmError::Vcpu {
             index,
@@ -148,6 +149,25 @@ pub fn build(config: VmConfig) -> Result<Vmm, VmmError> {
             Some(crate::write_fault::register(gpa, size, handler))
         })
         .collect();
+    // Guest RAM lives in a memfd mapped shared, so that a clone template costs no copy
+    // (snapshot::ram). `--merge all` keeps it anonymous: KSM merges anonymous pages only.
+    let ram = if config.merge == crate::memory::MergePolicy::All {
+        RamFile {
+            file: None,
+            shared: false,
+        }
+    } else {
+        let end = specs.iter().map(|s| s.gpa + s.size).max().unwrap_or(0);
+        let file = Arc::new(create_ram_file(end).map_err(|source| VmmError::Host {
+            what: "creating the guest RAM file (memfd)",
+            source,
+        })?);
+        back_ram_with_file(&mut specs, &file, true);
+        RamFile {
+            file: Some(file),
+            shared: true,
+        }
+    };
     let memory = GuestMemory::new(specs)?;
     let merged = memory.advise_merge(config.merge)?;
     tracing::debug!("{merged} bytes of guest memory marked for same-page merging");
@@ -246,24 +266,68 @@ pub fn build(config: VmConfig) -> Result<Vmm, VmmError> {
     }
     drop(serial_irq);
     trace.mark("vm_ready");
+    let mut vmm = finish(
+        vm,
+        memory,
+        vcpus,
+        devices,
+        trace,
+        Extras {
+            timeout: config.timeout,
+            report_memory: config.report_memory,
+            linux,
+            ram,
+            memory_bytes: config.memory_bytes,
+        },
+    );
+    vmm.readonly_slots = readonly_slots;
+    vmm.write_fault_hooks = write_fault_hooks;
+    Ok(vmm)
+}
 
+/// What [`finish`] needs besides the built parts.
+pub(crate) struct Extras {
+    pub timeout: Option<Duration>,
+    pub report_memory: bool,
+    pub linux: bool,
+    pub ram: RamFile,
+    pub memory_bytes: u64,
+}
+
+/// Assembles a [`Vmm`] from its built parts (a fresh boot or a restore).
+pub(crate) fn finish(
+    vm: Vm,
+    memory: GuestMemory,
+    vcpus: Vec<Vcpu>,
+    devices: DeviceManager,
+    trace: BootTrace,
+    extras: Extras,
+) -> Vmm {
+    let cpus = vcpus.len() as u32;
     let shared = Arc::new(VcpuShared::new(
         devices.pio.clone(),
         devices.mmio.clone(),
         vm.has_irqchip(),
-        config.cpus,
+        cpus,
     ));
-    Ok(Vmm {
+    let (events_tx, events_rx) = std::sync::mpsc::channel();
+    Vmm {
         vm,
         memory,
         vcpus,
         shared,
         devices,
-        readonly_slots,
+        readonly_slots: ReadonlySlots::new(Vec::new()),
         trace,
-        write_fault_hooks,
-        timeout: config.timeout,
-        cpus: config.cpus,
-        report_memory: config.report_memory,
-    })
+        write_fault_hooks: Vec::new(),
+        timeout: extras.timeout,
+        cpus,
+        report_memory: extras.report_memory,
+        linux: extras.linux,
+        ram: extras.ram,
+        memory_bytes: extras.memory_bytes,
+        paused: false,
+        events_tx,
+        events_rx: Some(events_rx),
+    }
 }

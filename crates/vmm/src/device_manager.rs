@@ -32,6 +32,8 @@ pub struct DeviceManager {
     routes: Option<Arc<IrqRoutes>>,
     next_gsi: u32,
     next_bar: u32,
+    /// COM1 (its state goes into snapshots).
+    pub serial: Arc<Mutex<Serial>>,
     /// The virtio-pci functions, in the order they were added.
     pub virtio: Vec<Arc<Mutex<VirtioPci>>>,
 }
@@ -53,14 +55,28 @@ impl DeviceManager {
         serial_irq: EventFd,
         linux: bool,
     ) -> Result<Self, VmmError> {
+        Self::with_serial(vm, Serial::new(serial_irq, console), linux)
+    }
+
+    /// The legacy devices of a restored VM, COM1 in its saved state (probe guests: no
+    /// PCI yet).
+    pub fn restore(
+        vm: &Vm,
+        console: Box<dyn Write + Send>,
+        serial_irq: EventFd,
+        linux: bool,
+        serial: &legacy::SerialSnapshot,
+    ) -> Result<Self, VmmError> {
+        let serial = Serial::from_state(serial_irq, console, serial).map_err(VmmError::Config)?;
+        Self::with_serial(vm, serial, linux)
+    }
+
+    fn with_serial(vm: &Vm, serial: Serial, linux: bool) -> Result<Self, VmmError> {
         let mut pio = Bus::new();
         let bus_err = |e: densevm_devices::BusError| VmmError::Config(e.to_string());
-        pio.insert(
-            Arc::new(Mutex::new(Serial::new(serial_irq, console))),
-            legacy::COM1_BASE,
-            legacy::SERIAL_LEN,
-        )
-        .map_err(bus_err)?;
+        let serial = Arc::new(Mutex::new(serial));
+        pio.insert(serial.clone(), legacy::COM1_BASE, legacy::SERIAL_LEN)
+            .map_err(bus_err)?;
         pio.insert(
             Arc::new(Mutex::new(I8042::new())),
             legacy::I8042_BASE,
@@ -101,6 +117,7 @@ impl DeviceManager {
             routes,
             next_gsi: IOAPIC_PINS,
             next_bar: PCI_MMIO_BASE,
+            serial,
             virtio: Vec::new(),
         })
     }

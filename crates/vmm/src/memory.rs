@@ -12,6 +12,18 @@ use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap, GuestRegionMmap};
 pub enum Backing {
     /// Private anonymous memory (zero-filled on first touch, never reserved up front).
     Anonymous,
+    /// Guest RAM in a file (a memfd, or a snapshot's memory file) at `offset`: mapped
+    /// `MAP_SHARED` while this VM owns the file, `MAP_PRIVATE` once it is a frozen clone
+    /// template (see [`crate::snapshot::ram`]): then pages nobody writes exist once on
+    /// the host, and each VM's writes are its own copies.
+    RamFile {
+        /// The RAM file (offset = guest-physical address: holes cost nothing).
+        file: Arc<File>,
+        /// Byte offset of the region in the file (page aligned).
+        offset: u64,
+        /// `MAP_SHARED` (the VM's writes go to the file) or `MAP_PRIVATE`.
+        shared: bool,
+    },
     /// A `MAP_PRIVATE` mapping of a file: pages the guest only reads stay shared with
     /// every other mapping of the same file in the host page cache.
     FilePrivate {
@@ -152,6 +164,8 @@ pub fn coalesce_ranges(mut ranges: Vec<(u64, u64)>, size: u64, max: usize) -> Ve
 pub enum RegionKind {
     /// Private anonymous guest RAM.
     Anonymous,
+    /// Guest RAM in a file (shared while the VM owns it, private over a clone template).
+    RamFile,
     /// A private mapping of a boot image (kernel segment, initrd).
     FilePrivate,
     /// Memory owned by another component (pmem).
@@ -181,6 +195,8 @@ impl MergePolicy {
         match (self, kind) {
             (_, RegionKind::External) | (MergePolicy::Off, _) => false,
             (MergePolicy::BootImages, kind) => kind == RegionKind::FilePrivate,
+            // KSM merges anonymous pages only: a shared RAM file is not scanned, the
+            // private copies over a template are.
             (MergePolicy::All, _) => true,
         }
     }
@@ -258,6 +274,7 @@ impl GuestMemory {
                 .with_mmap_prot(libc::PROT_READ | libc::PROT_WRITE);
             let (kind, kvm_readonly) = match &spec.backing {
                 Backing::Anonymous => (RegionKind::Anonymous, Vec::new()),
+                Backing::RamFile { .. } => (RegionKind::RamFile, Vec::new()),
                 Backing::FilePrivate { .. } => (RegionKind::FilePrivate, Vec::new()),
                 Backing::External { kvm_readonly, .. } => (
                     RegionKind::External,
@@ -269,6 +286,20 @@ impl GuestMemory {
                     .with_mmap_flags(libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE),
                 Backing::FilePrivate { file, offset } => builder
                     .with_mmap_flags(libc::MAP_PRIVATE | libc::MAP_NORESERVE)
+                    .with_file_offset(FileOffset::from_arc(file.clone(), *offset)),
+                Backing::RamFile {
+                    file,
+                    offset,
+                    shared,
+                } => builder
+                    .with_mmap_flags(
+                        libc::MAP_NORESERVE
+                            | if *shared {
+                                libc::MAP_SHARED
+                            } else {
+                                libc::MAP_PRIVATE
+                            },
+                    )
                     .with_file_offset(FileOffset::from_arc(file.clone(), *offset)),
                 Backing::External { .. } => builder,
             };
@@ -363,8 +394,8 @@ impl GuestMemory {
 
 /// Guest RAM: `low_end` bytes from address 0 and `high` bytes from `high_start`,
 /// anonymous except where `windows` (regions with their own backing, e.g. a kernel
-/// mapped from its file) cut into the low part. The anonymous pieces are named `ram`,
-/// `ram.1`, ... and `ram.high`.
+/// mapped from its file) cut into the low part. The RAM pieces are named `ram`,
+/// `ram.1`, ... and `ram.high`; [`back_ram_with_file`] moves them into a RAM file.
 pub fn ram_with_windows(
     low_end: u64,
     high: u64,
@@ -406,6 +437,25 @@ pub fn ram_with_windows(
         });
     }
     specs
+}
+
+/// Whether a region is guest RAM (as opposed to a boot-image window or an external region).
+pub fn is_ram(name: &str) -> bool {
+    name == "ram" || name.starts_with("ram.")
+}
+
+/// Backs every anonymous RAM piece of `specs` with `file` at offset = guest-physical
+/// address, mapped shared or private.
+pub fn back_ram_with_file(specs: &mut [RegionSpec], file: &Arc<File>, shared: bool) {
+    for spec in specs.iter_mut().filter(|s| is_ram(&s.name)) {
+        if matches!(spec.backing, Backing::Anonymous) {
+            spec.backing = Backing::RamFile {
+                file: file.clone(),
+                offset: spec.gpa,
+                shared,
+            };
+        }
+    }
 }
 
 #[cfg(test)]

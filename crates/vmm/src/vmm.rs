@@ -1,19 +1,22 @@
 //! A built VM and its event loop: vCPU threads report to the control thread, which decides
 //! how the VM ends, refreshes read-only memory slots, and tears everything down.
 
+use crate::control::{LoopEvent, VmmHandle};
 use crate::device_manager::DeviceManager;
 use crate::memory::{GuestMemory, MemoryError};
 use crate::report::{memory_report, MemoryReport};
+use crate::snapshot::ram::RamFile;
 use crate::trace::{mark_name, BootTrace};
 use crate::vstate::kick;
 use crate::vstate::readonly_slots::{ReadonlySlotStats, ReadonlySlots};
+use crate::vstate::vcpu::EventSink;
 use crate::vstate::vcpu::{Vcpu, VcpuEvent, VcpuFailure, VcpuShared};
 use crate::vstate::vm::{Vm, VmError};
 use crate::{boot::linux, boot::probe, config::VmConfig};
 use densevm_devices::GuestRequest;
 use std::os::unix::thread::JoinHandleExt;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{channel, RecvTimeoutError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -145,6 +148,16 @@ pub struct Vmm {
     pub(crate) timeout: Option<Duration>,
     pub(crate) cpus: u32,
     pub(crate) report_memory: bool,
+    /// A Linux guest (PCI, virtio, CMOS): not snapshottable yet.
+    pub(crate) linux: bool,
+    /// How guest RAM is held (for snapshots and templates).
+    pub(crate) ram: RamFile,
+    /// Guest RAM in bytes.
+    pub(crate) memory_bytes: u64,
+    /// Paused by a control request (as opposed to a slot refresh).
+    pub(crate) paused: bool,
+    pub(crate) events_tx: Sender<LoopEvent>,
+    pub(crate) events_rx: Option<Receiver<LoopEvent>>,
 }
 
 /// Builds the VM described by `config` and runs it until it ends.
@@ -153,13 +166,15 @@ pub fn run_vm(config: VmConfig) -> Result<RunOutcome, VmmError> {
 }
 
 impl Vmm {
-    fn spawn_vcpus(
-        &mut self,
-    ) -> Result<(Vec<JoinHandle<()>>, std::sync::mpsc::Receiver<VcpuEvent>), VmmError> {
-        let (tx, rx) = channel();
+    /// A handle through which other threads (the API server) control this VM.
+    pub fn handle(&self) -> VmmHandle {
+        VmmHandle::new(self.events_tx.clone())
+    }
+
+    fn spawn_vcpus(&mut self) -> Result<Vec<JoinHandle<()>>, VmmError> {
         let mut threads = Vec::new();
         for vcpu in self.vcpus.drain(..) {
-            let (shared, tx) = (self.shared.clone(), tx.clone());
+            let (shared, tx) = (self.shared.clone(), EventSink(self.events_tx.clone()));
             let handle = std::thread::Builder::new()
                 .name("vcpu".into())
                 .spawn(move || vcpu.run(shared, tx))
@@ -169,22 +184,36 @@ impl Vmm {
                 })?;
             threads.push(handle);
         }
-        Ok((threads, rx))
+        Ok(threads)
     }
 
     /// Runs the VM until it ends, then stops every vCPU and device.
     pub fn run(mut self) -> Result<RunOutcome, VmmError> {
-        let (threads, rx) = self.spawn_vcpus()?;
+        let threads = self.spawn_vcpus()?;
+        let rx = self
+            .events_rx
+            .take()
+            .ok_or_else(|| VmmError::Config("the VM's event loop already ran".into()))?;
         let deadline = self.timeout.map(|t| Instant::now() + t);
         let mut halted = 0;
         let end = loop {
-            let wait = deadline.map_or(Duration::from_secs(3600), |d| {
+            let wait = deadline.map_or(Duration::from_secs(1), |d| {
                 d.saturating_duration_since(Instant::now())
+                    .min(Duration::from_secs(1))
             });
             let event = match rx.recv_timeout(wait) {
-                Ok(event) => event,
+                Ok(LoopEvent::Vcpu(event)) => event,
+                Ok(LoopEvent::Control(request)) => {
+                    self.handle_control(request, &threads);
+                    continue;
+                }
                 Err(RecvTimeoutError::Timeout) if deadline.is_some_and(|d| Instant::now() >= d) => {
                     break VmEnd::TimedOut(self.timeout.unwrap_or_default());
+                }
+                // Every vCPU thread reports before it leaves; this only catches one
+                // that died without a word.
+                Err(RecvTimeoutError::Timeout) if threads.iter().all(|h| h.is_finished()) => {
+                    break VmEnd::AllHalted;
                 }
                 Err(RecvTimeoutError::Timeout) => continue,
                 Err(RecvTimeoutError::Disconnected) => break VmEnd::AllHalted,
@@ -269,7 +298,9 @@ impl Vmm {
                 if let Ok(more) = refreshed {
                     self.shared.rearm_stale_notice(more);
                 }
-                self.shared.pause.resume();
+                if !self.paused {
+                    self.shared.pause.resume();
+                }
                 if let Err(e) = refreshed {
                     return Some(VmEnd::HostError(format!(
                         "re-registering the read-only memory slots of a --pmem region: {e}"

@@ -22,6 +22,16 @@ impl Trigger for EventFdTrigger {
     }
 }
 
+/// A UART's saved state: DLL, DLM, IER, IIR, LCR, LSR, MCR, MSR, SCR and the bytes the
+/// guest has not read yet.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SerialSnapshot {
+    /// The nine registers in the order above.
+    pub registers: [u8; 9],
+    /// Received bytes not yet read by the guest.
+    pub in_buffer: Vec<u8>,
+}
+
 /// The COM1 UART as a bus device.
 pub struct Serial {
     uart: vm_superio::Serial<EventFdTrigger, vm_superio::serial::NoEvents, Box<dyn Write + Send>>,
@@ -33,6 +43,56 @@ impl Serial {
         Self {
             uart: vm_superio::Serial::new(EventFdTrigger(irq), out),
         }
+    }
+
+    /// The UART's registers and receive buffer (for a snapshot).
+    pub fn state(&self) -> SerialSnapshot {
+        let st = self.uart.state();
+        SerialSnapshot {
+            registers: [
+                st.baud_divisor_low,
+                st.baud_divisor_high,
+                st.interrupt_enable,
+                st.interrupt_identification,
+                st.line_control,
+                st.line_status,
+                st.modem_control,
+                st.modem_status,
+                st.scratch,
+            ],
+            in_buffer: st.in_buffer,
+        }
+    }
+
+    /// A UART restored from a snapshot's state; a receive buffer longer than the UART's
+    /// FIFO is refused.
+    pub fn from_state(
+        irq: EventFd,
+        out: Box<dyn Write + Send>,
+        state: &SerialSnapshot,
+    ) -> Result<Self, String> {
+        let [baud_divisor_low, baud_divisor_high, interrupt_enable, interrupt_identification, line_control, line_status, modem_control, modem_status, scratch] =
+            state.registers;
+        let st = vm_superio::serial::SerialState {
+            baud_divisor_low,
+            baud_divisor_high,
+            interrupt_enable,
+            interrupt_identification,
+            line_control,
+            line_status,
+            modem_control,
+            modem_status,
+            scratch,
+            in_buffer: state.in_buffer.clone(),
+        };
+        let uart = vm_superio::Serial::from_state(
+            &st,
+            EventFdTrigger(irq),
+            vm_superio::serial::NoEvents,
+            out,
+        )
+        .map_err(|e| format!("serial state: {e:?}"))?;
+        Ok(Self { uart })
     }
 
     /// Queues bytes for the guest to read (console input).

@@ -63,12 +63,19 @@ impl PauseGate {
         self.requested.store(true, Ordering::Release);
     }
 
-    /// vCPU side: waits until the pause ends or `stop` is set.
-    pub fn park(&self, stop: &AtomicBool) {
+    /// vCPU side: waits until the pause ends or `stop` is set, calling `work` (e.g. a
+    /// posted [`super::capture::Capture`] job) whenever it wakes.
+    pub fn park(&self, stop: &AtomicBool, mut work: impl FnMut()) {
         let mut c = self.counts();
         c.parked += 1;
         self.changed.notify_all();
         while self.requested() && !stop.load(Ordering::Acquire) {
+            drop(c);
+            work();
+            c = self.counts();
+            if !self.requested() || stop.load(Ordering::Acquire) {
+                break;
+            }
             c = self
                 .changed
                 .wait_timeout(c, PARK_POLL)
@@ -115,6 +122,12 @@ impl PauseGate {
         true
     }
 
+    /// Control side: wakes the parked vCPUs so they look for posted work.
+    pub fn poke(&self) {
+        let _c = self.counts();
+        self.changed.notify_all();
+    }
+
     /// Control side: lets the parked vCPUs run again.
     pub fn resume(&self) {
         self.requested.store(false, Ordering::Release);
@@ -146,7 +159,7 @@ mod tests {
                 }
                 while !stop.load(Ordering::Acquire) {
                     if gate.requested() {
-                        gate.park(&stop);
+                        gate.park(&stop, || {});
                         continue;
                     }
                     entries.fetch_add(1, Ordering::Relaxed);

@@ -1,7 +1,10 @@
 //! A vCPU thread: runs `KVM_RUN` and handles every exit reason on purpose.
 
+use super::capture::Capture;
 use super::kick;
 use super::pause::PauseGate;
+use crate::control::LoopEvent;
+use crate::persist::VcpuState;
 use crate::write_fault::{self, Outcome};
 use densevm_devices::{Bus, GuestRequest};
 use kvm_ioctls::{VcpuExit, VcpuFd};
@@ -123,6 +126,17 @@ pub enum VcpuEvent {
     StaleReadonlySlot(u32),
 }
 
+/// Where vCPU threads report: the VM control loop's channel.
+#[derive(Clone)]
+pub struct EventSink(pub(crate) Sender<LoopEvent>);
+
+impl EventSink {
+    /// Sends `event` to the control loop; false once the loop has ended.
+    pub fn send(&self, event: VcpuEvent) -> bool {
+        self.0.send(LoopEvent::Vcpu(event)).is_ok()
+    }
+}
+
 /// State shared by all vCPU threads of a VM.
 pub struct VcpuShared {
     /// Port I/O bus.
@@ -135,6 +149,8 @@ pub struct VcpuShared {
     pub irqchip: bool,
     /// Where vCPU threads park while the control thread changes memory slots.
     pub pause: PauseGate,
+    /// Jobs parked vCPU threads run on their own vCPU (saving its state for a snapshot).
+    pub capture: Capture<VcpuState>,
     /// Writes to read-only slots whose page was writable already.
     stale_exits: AtomicU64,
     /// The stale-exit count at which a vCPU parks itself and notifies the control thread.
@@ -153,6 +169,7 @@ impl VcpuShared {
             stop: AtomicBool::new(false),
             irqchip,
             pause: PauseGate::new(vcpus),
+            capture: Capture::new(vcpus),
             stale_exits: AtomicU64::new(0),
             stale_notice_at: AtomicU64::new(FIRST_STALE_NOTICE),
             stale_notice_sent: AtomicBool::new(false),
@@ -177,7 +194,7 @@ impl VcpuShared {
     /// A write exited although its page was writable: once enough did, the vCPU asks for a
     /// pause (so it stops exiting at once; it parks at the top of its loop) and tells the
     /// control thread, which refreshes the slots and resumes.
-    fn note_stale(&self, id: u32, events: &Sender<VcpuEvent>) {
+    fn note_stale(&self, id: u32, events: &EventSink) {
         let n = self.stale_exits.fetch_add(1, Ordering::AcqRel) + 1;
         if n >= self.stale_notice_at.load(Ordering::Acquire)
             && !self.stale_notice_sent.swap(true, Ordering::AcqRel)
@@ -233,7 +250,7 @@ impl Vcpu {
     }
 
     /// Runs until the VM stops; reports through `events`. Call on the vCPU's own thread.
-    pub fn run(mut self, shared: Arc<VcpuShared>, events: Sender<VcpuEvent>) {
+    pub fn run(mut self, shared: Arc<VcpuShared>, events: EventSink) {
         let immediate_exit = std::ptr::addr_of_mut!(self.fd.get_kvm_run().immediate_exit);
         kick::bind(immediate_exit);
         let _ = events.send(VcpuEvent::FirstEntry(self.id, Instant::now()));
@@ -242,7 +259,13 @@ impl Vcpu {
                 break;
             }
             if shared.pause.requested() {
-                shared.pause.park(&shared.stop);
+                let id = self.id;
+                let fd = &mut self.fd;
+                shared.pause.park(&shared.stop, || {
+                    if shared.capture.pending() {
+                        shared.capture.service(id, fd);
+                    }
+                });
                 continue;
             }
             match self.step(&shared, &events) {
@@ -259,12 +282,12 @@ impl Vcpu {
         self.fd.get_regs().map(|r| r.rip).unwrap_or(0)
     }
 
-    fn fail(&self, events: &Sender<VcpuEvent>, failure: VcpuFailure) -> Step {
+    fn fail(&self, events: &EventSink, failure: VcpuFailure) -> Step {
         let _ = events.send(VcpuEvent::Failed(self.id, failure));
         Step::Stop
     }
 
-    fn request(&self, events: &Sender<VcpuEvent>, req: GuestRequest) -> Step {
+    fn request(&self, events: &EventSink, req: GuestRequest) -> Step {
         if let GuestRequest::GuestFault(vector) = req {
             let (rip, cr2) = self.fd.get_regs().map(|r| (r.rbx, r.rcx)).unwrap_or((0, 0));
             return self.fail(events, VcpuFailure::GuestException { vector, rip, cr2 });
@@ -278,7 +301,7 @@ impl Vcpu {
         }
     }
 
-    fn step(&mut self, shared: &VcpuShared, events: &Sender<VcpuEvent>) -> Step {
+    fn step(&mut self, shared: &VcpuShared, events: &EventSink) -> Step {
         let id = self.id;
         let exit = match self.fd.run() {
             Ok(exit) => exit,

@@ -1,0 +1,253 @@
+//! The control loop's side of pause, resume, snapshots and clone templates.
+
+use super::ram::{create_ram_file, remap, write_ram};
+use super::{RegionRecord, SnapshotState, MEMORY_FILE, STATE_FILE};
+use crate::control::{ControlError, ControlRequest, RunState, SnapshotInfo, Template};
+use crate::memory::is_ram;
+use crate::persist::{self, HostCpu};
+use crate::vmm::Vmm;
+use crate::vstate::kick;
+use std::fs::File;
+use std::os::fd::AsFd;
+use std::os::unix::thread::JoinHandleExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How long vCPUs get to park, and to save their state once parked.
+const PARK_TIMEOUT: Duration = Duration::from_secs(2);
+const CAPTURE_TIMEOUT: Duration = Duration::from_secs(5);
+
+fn failed(what: &str) -> impl Fn(std::io::Error) -> ControlError + '_ {
+    move |e| ControlError::Failed(format!("{what}: {e}"))
+}
+
+/// Creates `dir` (its parent must exist); an existing directory must be empty.
+fn prepare_dir(dir: &Path) -> Result<(), ControlError> {
+    match std::fs::read_dir(dir) {
+        Ok(mut entries) => {
+            if entries.next().is_some() {
+                return Err(ControlError::Conflict(format!(
+                    "{} is not empty; give a new or empty directory as snapshot_path",
+                    dir.display()
+                )));
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::create_dir(dir).map_err(|e| {
+                ControlError::Failed(format!(
+                    "cannot create the snapshot directory {}: {e}",
+                    dir.display()
+                ))
+            })
+        }
+        Err(e) => Err(ControlError::Failed(format!("{}: {e}", dir.display()))),
+    }
+}
+
+impl Vmm {
+    /// Serves one control request.
+    pub(crate) fn handle_control(&mut self, request: ControlRequest, threads: &[JoinHandle<()>]) {
+        match request {
+            ControlRequest::Pause(reply) => {
+                let _ = reply.send(self.user_pause(threads));
+            }
+            ControlRequest::Resume(reply) => {
+                let result = if self.paused {
+                    self.paused = false;
+                    self.shared.pause.resume();
+                    Ok(())
+                } else {
+                    Err(ControlError::Conflict(
+                        "the VM is not paused; nothing to resume".into(),
+                    ))
+                };
+                let _ = reply.send(result);
+            }
+            ControlRequest::State(reply) => {
+                let _ = reply.send(Ok(if self.paused {
+                    RunState::Paused
+                } else {
+                    RunState::Running
+                }));
+            }
+            ControlRequest::Snapshot(dir, reply) => {
+                let _ = reply.send(self.with_pause(threads, |vmm| vmm.full_snapshot(&dir)));
+            }
+            ControlRequest::Template(dir, reply) => {
+                let _ = reply.send(self.with_pause(threads, |vmm| vmm.template(&dir)));
+            }
+        }
+    }
+
+    fn kick_all(threads: &[JoinHandle<()>]) -> impl Fn() + '_ {
+        move || {
+            for handle in threads.iter().filter(|h| !h.is_finished()) {
+                kick::kick(handle.as_pthread_t());
+            }
+        }
+    }
+
+    /// Parks every vCPU (idempotent: pausing a paused VM succeeds).
+    fn user_pause(&mut self, threads: &[JoinHandle<()>]) -> Result<(), ControlError> {
+        if self.paused {
+            return Ok(());
+        }
+        if !self
+            .shared
+            .pause
+            .pause(Self::kick_all(threads), PARK_TIMEOUT)
+        {
+            self.shared.pause.resume();
+            return Err(ControlError::Failed(format!(
+                "the vCPUs did not stop within {PARK_TIMEOUT:?}; the VM keeps running"
+            )));
+        }
+        self.paused = true;
+        Ok(())
+    }
+
+    /// Runs `work` with the VM paused, restoring the run state the VM had before.
+    fn with_pause<T>(
+        &mut self,
+        threads: &[JoinHandle<()>],
+        work: impl FnOnce(&mut Self) -> Result<T, ControlError>,
+    ) -> Result<T, ControlError> {
+        self.snapshot_supported()?;
+        let was_paused = self.paused;
+        self.user_pause(threads)?;
+        let result = work(self);
+        if !was_paused {
+            self.paused = false;
+            self.shared.pause.resume();
+        }
+        result
+    }
+
+    fn snapshot_supported(&self) -> Result<(), ControlError> {
+        if self.linux {
+            return Err(ControlError::Unsupported(
+                "snapshots of Linux guests are not supported yet: densevm does not save virtio, PCI and CMOS device state so far (probe guests can be snapshotted and cloned)".into(),
+            ));
+        }
+        if self
+            .memory
+            .regions()
+            .iter()
+            .any(|r| r.kind == crate::memory::RegionKind::External)
+        {
+            return Err(ControlError::Unsupported(
+                "snapshots of VMs with --pmem regions are not supported yet; run without --pmem"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Saves the state of every vCPU (on their own threads), the VM and the UART.
+    fn capture_state(&mut self) -> Result<SnapshotState, ControlError> {
+        let kvm = Arc::new(kvm_ioctls::Kvm::new().map_err(|e| {
+            ControlError::Failed(format!("cannot open /dev/kvm for the MSR list: {e}"))
+        })?);
+        self.shared.capture.post(Arc::new(move |_, fd| {
+            // Finish an I/O exit the guest is waiting on (KVM completes it on the next
+            // entry), so the saved registers hold the instruction's result.
+            fd.set_kvm_immediate_exit(1);
+            let _ = fd.run();
+            fd.set_kvm_immediate_exit(0);
+            persist::save_vcpu(fd, &kvm).map_err(|e| e.to_string())
+        }));
+        self.shared.pause.poke();
+        let vcpus = self
+            .shared
+            .capture
+            .wait(CAPTURE_TIMEOUT)
+            .map_err(ControlError::Failed)?;
+        let vm = persist::save_vm(self.vm.fd(), self.vm.has_irqchip())
+            .map_err(|e| ControlError::Failed(e.to_string()))?;
+        let serial = self
+            .devices
+            .serial
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .state();
+        Ok(SnapshotState {
+            densevm_version: env!("CARGO_PKG_VERSION").to_string(),
+            host_cpu: HostCpu::current(),
+            memory_bytes: self.memory_bytes,
+            regions: self
+                .memory
+                .regions()
+                .iter()
+                .map(|r| RegionRecord {
+                    name: r.name.clone(),
+                    gpa: r.gpa,
+                    size: r.size,
+                })
+                .collect(),
+            irqchip: self.vm.has_irqchip(),
+            vm,
+            vcpus,
+            serial,
+        })
+    }
+
+    fn write_state_file(dir: &Path, state: &SnapshotState) -> Result<(), ControlError> {
+        persist::write_state(&dir.join(STATE_FILE), state)
+            .map_err(|e| ControlError::Failed(e.to_string()))
+    }
+
+    /// A full snapshot: state + sparse memory file, both durable when this returns.
+    fn full_snapshot(&mut self, dir: &Path) -> Result<SnapshotInfo, ControlError> {
+        let t0 = Instant::now();
+        prepare_dir(dir)?;
+        let state = self.capture_state()?;
+        let out =
+            File::create(dir.join(MEMORY_FILE)).map_err(failed("creating the memory file"))?;
+        let memory_bytes = write_ram(self.memory.regions(), &self.ram, &out)
+            .map_err(failed("writing guest memory"))?;
+        out.sync_all().map_err(failed("syncing the memory file"))?;
+        Self::write_state_file(dir, &state)?;
+        Ok(SnapshotInfo {
+            dir: dir.to_path_buf(),
+            memory_bytes,
+            paused_for: t0.elapsed(),
+        })
+    }
+
+    /// Freezes the RAM file as a clone template. A VM whose RAM is its own shared file
+    /// costs nothing here; one whose RAM is anonymous or private over an earlier template
+    /// first gets a new RAM file with its current contents (O(RAM), once).
+    fn template(&mut self, dir: &Path) -> Result<Template, ControlError> {
+        let t0 = Instant::now();
+        prepare_dir(dir)?;
+        let state = self.capture_state()?;
+        let file = match (&self.ram.file, self.ram.shared) {
+            (Some(file), true) => file.clone(),
+            _ => {
+                let file = create_ram_file(self.memory.end())
+                    .map_err(failed("creating a RAM file for the template"))?;
+                write_ram(self.memory.regions(), &self.ram, &file)
+                    .map_err(failed("copying guest memory into the template"))?;
+                Arc::new(file)
+            }
+        };
+        for r in self.memory.regions().iter().filter(|r| is_ram(&r.name)) {
+            remap(r, &file, false).map_err(failed("freezing guest RAM"))?;
+        }
+        self.ram.file = Some(file.clone());
+        self.ram.shared = false;
+        Self::write_state_file(dir, &state)?;
+        let ram = file
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(failed("duplicating the RAM file descriptor"))?;
+        Ok(Template {
+            dir: PathBuf::from(dir),
+            ram,
+            paused_for: t0.elapsed(),
+        })
+    }
+}

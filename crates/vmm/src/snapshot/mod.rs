@@ -1,0 +1,60 @@
+//! Snapshots, restore and clone templates of a whole VM (issue #11).
+//!
+//! A snapshot directory holds `state` (the [`SnapshotState`] in the checksummed container
+//! of [`crate::persist::file`]) and, for a full snapshot, `memory`: guest RAM at offset =
+//! guest-physical address, sparse. A clone template has the same `state`; its RAM is the
+//! VM's frozen RAM file, handed to each clone as an inherited descriptor.
+//!
+//! - [`ram`] — the RAM file: creation, freezing, writing it sparse.
+//! - [`create`] — pausing, saving every part of the VM, templates (on the control loop).
+//! - [`restore`] — building a VM from a snapshot.
+//!
+//! What is saved: every vCPU ([`crate::persist::VcpuState`]), the in-kernel irqchip, PIT
+//! and clock ([`crate::persist::VmState`]), the UART, and the memory layout. Guests with
+//! virtio devices, PCI or `--pmem` regions are refused for now: their device state is not
+//! saved yet (see docs/snapshots.md).
+
+pub mod create;
+pub mod ram;
+pub mod restore;
+
+use crate::persist::{HostCpu, VcpuState, VmState};
+use densevm_devices::legacy::SerialSnapshot;
+use serde::{Deserialize, Serialize};
+
+/// The state file's name inside a snapshot directory.
+pub const STATE_FILE: &str = "state";
+/// The memory file's name inside a snapshot directory (full snapshots).
+pub const MEMORY_FILE: &str = "memory";
+
+/// One guest-physical region of the saved layout.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegionRecord {
+    /// Region name (`ram`, `ram.high`, ...).
+    pub name: String,
+    /// Guest-physical start.
+    pub gpa: u64,
+    /// Size in bytes.
+    pub size: u64,
+}
+
+/// Everything a VM needs besides its memory contents.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SnapshotState {
+    /// The densevm version that wrote it.
+    pub densevm_version: String,
+    /// The CPU it was taken on (a restore elsewhere is refused).
+    pub host_cpu: HostCpu,
+    /// Guest RAM in bytes (as `--memory`).
+    pub memory_bytes: u64,
+    /// The memory layout; RAM regions live in the memory file at offset = `gpa`.
+    pub regions: Vec<RegionRecord>,
+    /// Whether the VM has the in-kernel irqchip and PIT.
+    pub irqchip: bool,
+    /// Irqchip, PIT, clock.
+    pub vm: VmState,
+    /// Every vCPU, in order.
+    pub vcpus: Vec<VcpuState>,
+    /// COM1.
+    pub serial: SerialSnapshot,
+}

@@ -1,0 +1,148 @@
+//! Building a VM from a snapshot directory: the saved layout mapped `MAP_PRIVATE` over
+//! the memory file (or an inherited template descriptor), the VM and vCPU state put
+//! back before any vCPU runs.
+
+use super::ram::RamFile;
+use super::{SnapshotState, MEMORY_FILE, STATE_FILE};
+use crate::builder::{create_vcpu, finish};
+use crate::device_manager::DeviceManager;
+use crate::memory::{is_ram, Backing, GuestMemory, RegionSpec};
+use crate::persist;
+use crate::trace::BootTrace;
+use crate::vmm::{Vmm, VmmError};
+use crate::vstate::kick;
+use crate::vstate::vcpu::Vcpu;
+use crate::vstate::vm::Vm;
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use vmm_sys_util::eventfd::EventFd;
+
+/// Where a restored VM comes from.
+#[derive(Debug)]
+pub struct RestoreSource {
+    /// The snapshot directory (holds `state`, and `memory` unless `ram` is given).
+    pub dir: PathBuf,
+    /// A clone template's RAM file, inherited from the VM that froze it.
+    pub ram: Option<OwnedFd>,
+}
+
+fn bad(dir: &Path, what: impl std::fmt::Display) -> VmmError {
+    VmmError::Config(format!("snapshot {}: {what}", dir.display()))
+}
+
+/// Reads and checks a snapshot's state: container, CPU model, layout.
+pub fn read_snapshot(dir: &Path) -> Result<SnapshotState, VmmError> {
+    let state: SnapshotState =
+        persist::read_state(&dir.join(STATE_FILE)).map_err(|e| bad(dir, e))?;
+    persist::check_same_cpu(&state.host_cpu).map_err(|e| bad(dir, e))?;
+    let cpus = state.vcpus.len();
+    if cpus == 0 || cpus > 254 {
+        return Err(bad(dir, format!("{cpus} vCPUs saved (1..=254 allowed)")));
+    }
+    if state.regions.iter().all(|r| !is_ram(&r.name)) {
+        return Err(bad(dir, "the saved layout has no RAM region"));
+    }
+    Ok(state)
+}
+
+/// Builds a paused-at-birth VM from `source`; it continues where the snapshot was taken
+/// when run.
+pub fn build_restored(
+    source: RestoreSource,
+    console: Box<dyn Write + Send>,
+    timeout: Option<Duration>,
+    origin: Instant,
+    report_memory: bool,
+) -> Result<Vmm, VmmError> {
+    let mut trace = BootTrace::new(origin);
+    let dir = source.dir;
+    let state = read_snapshot(&dir)?;
+    kick::install().map_err(|source| VmmError::Host {
+        what: "installing the vCPU kick signal handler",
+        source,
+    })?;
+    let file = match source.ram {
+        Some(fd) => File::from(fd),
+        None => File::open(dir.join(MEMORY_FILE))
+            .map_err(|e| bad(&dir, format!("cannot open its memory file: {e}")))?,
+    };
+    let ram_end = state
+        .regions
+        .iter()
+        .filter(|r| is_ram(&r.name))
+        .map(|r| r.gpa.saturating_add(r.size))
+        .max()
+        .unwrap_or(0);
+    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+    if len < ram_end {
+        return Err(bad(
+            &dir,
+            format!("the memory file holds {len} bytes but the saved RAM ends at {ram_end}: it is truncated"),
+        ));
+    }
+    let file = Arc::new(file);
+    let mut specs = Vec::with_capacity(state.regions.len());
+    for r in &state.regions {
+        if !is_ram(&r.name) {
+            return Err(bad(
+                &dir,
+                format!(
+                    "region `{}` is not RAM; this densevm restores RAM-only layouts",
+                    r.name
+                ),
+            ));
+        }
+        specs.push(RegionSpec {
+            name: r.name.clone(),
+            gpa: r.gpa,
+            size: r.size,
+            backing: Backing::RamFile {
+                file: file.clone(),
+                offset: r.gpa,
+                shared: false,
+            },
+        });
+    }
+    let memory = GuestMemory::new(specs)?;
+    let mut vm = Vm::new()?;
+    vm.register_memory(&memory)?;
+    if state.irqchip {
+        vm.create_irqchip()?;
+    }
+    let serial_irq = EventFd::new(libc::EFD_NONBLOCK).map_err(|source| VmmError::Host {
+        what: "eventfd",
+        source,
+    })?;
+    let devices = DeviceManager::restore(&vm, console, serial_irq, state.irqchip, &state.serial)?;
+    persist::restore_vm(vm.fd(), &state.vm).map_err(|e| bad(&dir, e))?;
+    let cpus = state.vcpus.len() as u32;
+    let mut vcpus = Vec::with_capacity(state.vcpus.len());
+    for (i, saved) in (0..cpus).zip(&state.vcpus) {
+        let fd = create_vcpu(&vm, i, cpus)?;
+        persist::restore_vcpu(&fd, saved).map_err(|e| bad(&dir, format!("vCPU {i}: {e}")))?;
+        vcpus.push(Vcpu::new(i, fd));
+    }
+    trace.mark("vm_ready");
+    let ram = RamFile {
+        file: Some(file),
+        shared: false,
+    };
+    Ok(finish(
+        vm,
+        memory,
+        vcpus,
+        devices,
+        trace,
+        crate::builder::Extras {
+            timeout,
+            report_memory,
+            linux: false,
+            ram,
+            memory_bytes: state.memory_bytes,
+        },
+    ))
+}
