@@ -10,7 +10,7 @@ LAB_SCRIPT ?= lab/tests/qemu-l2-boot.sh
 LAB_TESTS ?= $(sort $(wildcard lab/tests/*.sh))
 # Limit for one lab test's whole L1 run: each test takes 0.5–3 minutes here, but TCG runs
 # everything several times slower on a loaded host, and a test's own timeouts fire first.
-LAB_TEST_TIMEOUT ?= 1500
+LAB_TEST_TIMEOUT ?= 900
 
 .PHONY: guest lab test-lab bench-lab bench-virtio test-kernel-real
 

@@ -28,6 +28,8 @@ enum Command {
     NineP(cmd::ninep::NinePArgs),
     /// Kernel image utilities (extract the ELF vmlinux from a bzImage).
     Kernel(cmd::kernel::KernelArgs),
+    /// Control a running VM through its API socket: info, pause, resume, snapshot, clone.
+    Vm(cmd::vm::VmArgs),
 }
 
 static PROCESS_START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
@@ -52,6 +54,7 @@ fn main() {
         Command::Image(args) => cmd::image::main(args),
         Command::NineP(args) => cmd::ninep::main(args),
         Command::Kernel(args) => cmd::kernel::main(args),
+        Command::Vm(args) => cmd::vm::main(args),
     };
     match result {
         Ok(code) => std::process::exit(code),

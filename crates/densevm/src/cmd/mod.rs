@@ -5,3 +5,5 @@ pub mod image;
 pub mod kernel;
 pub mod ninep;
 pub mod run;
+pub mod vm;
+pub mod vm_api;

@@ -6,7 +6,7 @@ use clap::Args;
 use densevm_pmem::GuestWrite;
 use densevm_vmm::report::MemoryReport;
 use densevm_vmm::write_fault::Outcome;
-use densevm_vmm::{run_vm, MergePolicy, Payload, RunOutcome, VmConfig};
+use densevm_vmm::{MergePolicy, Payload, RunOutcome, VmConfig, Vmm};
 use serde_json::{json, Map, Value};
 use std::time::{Duration, Instant};
 
@@ -82,6 +82,20 @@ pub struct RunArgs {
     /// (`/dev/hwrng` with the virtio_rng module).
     #[arg(long)]
     pub rng: bool,
+    /// Serve the VM's HTTP API (Firecracker-style: GET /, PATCH /vm, PUT /snapshot/create,
+    /// POST /clones) on this unix socket.
+    #[arg(long, value_name = "PATH")]
+    pub api_sock: Option<std::path::PathBuf>,
+    /// The VM's id (GET / reports it; default: densevm-PID).
+    #[arg(long)]
+    pub id: Option<String>,
+    /// Start the VM from a snapshot directory (made by PUT /snapshot/create) instead of
+    /// booting: it continues where the snapshot was taken.
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["kernel", "probe", "pmem", "disk", "share", "rng"])]
+    pub restore: Option<std::path::PathBuf>,
+    /// (clones) the template's RAM file is this inherited descriptor.
+    #[arg(long, hide = true, requires = "restore")]
+    pub ram_fd: Option<i32>,
 }
 
 /// `--merge`: the command-line form of [`MergePolicy`].
@@ -185,6 +199,9 @@ pub fn main(args: RunArgs) -> anyhow::Result<i32> {
     if args.kernel.is_none() && (args.initrd.is_some() || args.cmdline.is_some()) {
         bail!("--initrd and --cmdline only apply to a Linux guest: add --kernel FILE");
     }
+    if args.restore.is_some() {
+        return restore_main(args, origin);
+    }
     let payload = match (&args.probe, &args.kernel) {
         (Some(script), None) => Payload::Probe(densevm_probe::parse_script(script).context("invalid --probe script")?),
         (None, Some(kernel)) => Payload::Linux {
@@ -224,7 +241,8 @@ pub fn main(args: RunArgs) -> anyhow::Result<i32> {
         devices,
     };
     let started = Instant::now();
-    let outcome = run_vm(config).context("could not start the VM")?;
+    let vmm = densevm_vmm::builder::build(config).context("could not start the VM")?;
+    let outcome = run_with_api(&args, vmm)?;
     pmem.flush()?;
     tracing::debug!("VM ran for {:?}", started.elapsed());
     if args.trace {
@@ -253,6 +271,67 @@ pub fn main(args: RunArgs) -> anyhow::Result<i32> {
 }
 
 /// The `--pmem` images of a run: the mapped regions.
+/// Runs `vmm` to its end, serving its API socket meanwhile when `--api-sock` asks for it.
+fn run_with_api(args: &RunArgs, vmm: Vmm) -> anyhow::Result<RunOutcome> {
+    let server = match &args.api_sock {
+        Some(path) => {
+            let id = args
+                .id
+                .clone()
+                .unwrap_or_else(|| format!("densevm-{}", std::process::id()));
+            Some(crate::cmd::vm_api::serve(path, id, vmm.handle())?)
+        }
+        None => None,
+    };
+    let outcome = vmm.run().context("the VM failed");
+    if let Some(server) = server {
+        server.shutdown();
+    }
+    outcome
+}
+
+/// `densevm run --restore DIR`.
+fn restore_main(args: RunArgs, origin: Instant) -> anyhow::Result<i32> {
+    let Some(dir) = args.restore.clone() else {
+        bail!("--restore needs a snapshot directory");
+    };
+    // SAFETY: --ram-fd is passed only by a parent densevm that made the descriptor this
+    // process's own (dup2 before exec) and gives up its ownership here.
+    let ram = args
+        .ram_fd
+        .map(|fd| unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) });
+    let console: Box<dyn std::io::Write + Send> = if args.json {
+        Box::new(std::io::stderr())
+    } else {
+        Box::new(std::io::stdout())
+    };
+    let timeout = args.timeout.map(Duration::from_secs_f64);
+    let vmm = densevm_vmm::build_restored(
+        densevm_vmm::RestoreSource {
+            dir: dir.clone(),
+            ram,
+        },
+        console,
+        timeout,
+        origin,
+        args.report || args.json,
+    )
+    .with_context(|| format!("could not restore the VM from {}", dir.display()))?;
+    let outcome = run_with_api(&args, vmm)?;
+    if args.json {
+        print_json(&json!({
+            "exit_code": outcome.end.exit_code(),
+            "end": outcome.end.to_string(),
+            "error": outcome.end.is_error(),
+            "restored_from": dir.display().to_string(),
+        }))?;
+    }
+    if outcome.end.is_error() {
+        eprintln!("densevm: error: {}", outcome.end);
+    }
+    Ok(outcome.end.exit_code())
+}
+
 struct PmemRegions {
     regions: Vec<(std::path::PathBuf, densevm_pmem::PmemRegion)>,
 }

@@ -1,0 +1,348 @@
+//! Pause, snapshot, restore and clones of a running probe guest on /dev/kvm, through the
+//! API socket and the `densevm vm` verbs (issue #11).
+
+mod common;
+
+use common::{densevm, require_kvm, stderr, stdout};
+use densevm_probe::probe_checksum;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+struct TempDir(PathBuf);
+impl TempDir {
+    fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("densevm-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+}
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Starts a probe VM with an API socket, its console in `console`.
+fn start(dir: &Path, script: &str, console: &Path) -> (Child, PathBuf) {
+    require_kvm();
+    let sock = dir.join("api.sock");
+    let out = std::fs::File::create(console).unwrap();
+    let child = densevm()
+        .args([
+            "run",
+            "--memory",
+            "64M",
+            "--timeout",
+            "120",
+            "--probe",
+            script,
+        ])
+        .arg("--api-sock")
+        .arg(&sock)
+        .stdout(out)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    (child, sock)
+}
+
+/// Waits until `file` contains `text`.
+fn wait_for(file: &Path, text: &str) {
+    let t0 = Instant::now();
+    loop {
+        let got = std::fs::read_to_string(file).unwrap_or_default();
+        if got.contains(text) {
+            return;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "no `{text}` in {} after 30 s:\n{got}",
+            file.display()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn vm(args: &[&str], sock: &Path) -> String {
+    let out = densevm()
+        .arg("vm")
+        .args(args)
+        .arg("--api-sock")
+        .arg(sock)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "densevm vm {args:?}: {}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    stdout(&out)
+}
+
+fn sum_line(offset: &str, len: &str, byte: u8, bytes: usize) -> String {
+    format!(
+        "sum ram {offset} {len} = {:016x}",
+        probe_checksum(&vec![byte; bytes])
+    )
+}
+
+fn file_hash(path: &Path) -> u64 {
+    probe_checksum(&std::fs::read(path).unwrap())
+}
+
+/// A probe paused in the middle of its `sleep`, snapshotted, resumed; then restored
+/// twice from the snapshot: the parent and both restored VMs finish the script (their
+/// sums prove the memory written before the snapshot came back), the restored VMs do not
+/// run the commands from before the snapshot again, and the memory file is unchanged.
+#[test]
+fn a_paused_probe_snapshot_restores_twice_and_continues_its_script() {
+    let tmp = TempDir::new("snap-probe");
+    let console = tmp.0.join("parent.console");
+    let script = "write ram 8M 1M 0x11; sleep 1500; sum ram 8M 1M; write ram 9M 1M 0x22; sum ram 9M 1M; exit 7";
+    let (mut parent, sock) = start(&tmp.0, script, &console);
+    wait_for(&console, "sleep 1500 ms");
+    vm(&["pause"], &sock);
+    let info = vm(&["info", "--json"], &sock);
+    assert!(info.contains("\"Paused\""), "{info}");
+    let snap = tmp.0.join("snap");
+    vm(&["snapshot", "--dir", snap.to_str().unwrap()], &sock);
+    // A second snapshot into the same directory is refused (it is not empty).
+    let again = densevm()
+        .args([
+            "vm",
+            "snapshot",
+            "--dir",
+            snap.to_str().unwrap(),
+            "--api-sock",
+        ])
+        .arg(&sock)
+        .output()
+        .unwrap();
+    assert!(!again.status.success());
+    assert!(stderr(&again).contains("not empty"), "{}", stderr(&again));
+    vm(&["resume"], &sock);
+    let status = parent.wait().unwrap();
+    assert_eq!(
+        status.code(),
+        Some(7),
+        "parent: {}",
+        std::fs::read_to_string(&console).unwrap()
+    );
+    let parent_out = std::fs::read_to_string(&console).unwrap();
+    let first = sum_line("8M", "1M", 0x11, 1 << 20);
+    let second = sum_line("9M", "1M", 0x22, 1 << 20);
+    assert!(
+        parent_out.contains(&first) && parent_out.contains(&second),
+        "{parent_out}"
+    );
+
+    let before = file_hash(&snap.join("memory"));
+    let restored: Vec<Child> = (0..2)
+        .map(|_| {
+            densevm()
+                .args(["run", "--timeout", "60", "--restore"])
+                .arg(&snap)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for child in restored {
+        let out = child.wait_with_output().unwrap();
+        let text = stdout(&out);
+        assert_eq!(
+            out.status.code(),
+            Some(7),
+            "restored: {text}{}",
+            stderr(&out)
+        );
+        assert!(
+            text.contains(&first) && text.contains(&second),
+            "restored: {text}"
+        );
+        assert!(
+            !text.contains("write ram 8M"),
+            "the restored VM ran the script from its start: {text}"
+        );
+    }
+    assert_eq!(
+        file_hash(&snap.join("memory")),
+        before,
+        "restoring changed the memory file"
+    );
+}
+
+/// Clones of a running probe (POST /clones): each clone finishes the script with the
+/// parent's memory, the parent keeps running, and the pages nobody wrote after the
+/// freeze exist once: a clone's guest-RAM PSS is well below its RSS.
+#[test]
+fn clones_of_a_running_probe_share_unwritten_memory() {
+    let tmp = TempDir::new("clone-probe");
+    let console = tmp.0.join("parent.console");
+    let script = "write ram 8M 16M 0x33; sleep 2000; sum ram 8M 16M; sleep 3000; exit 3";
+    let (mut parent, sock) = start(&tmp.0, script, &console);
+    wait_for(&console, "sleep 2000 ms");
+    let tpl = tmp.0.join("tpl");
+    let out = vm(
+        &[
+            "clone",
+            "--count",
+            "2",
+            "--json",
+            "--dir",
+            tpl.to_str().unwrap(),
+        ],
+        &sock,
+    );
+    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let clones = doc["clones"].as_array().unwrap();
+    assert_eq!(clones.len(), 2, "{out}");
+    // Once every clone has read the 16 MiB (its sum is printed; it sleeps again), each
+    // maps them from the template: three processes (parent too) share each page.
+    let expect = sum_line("8M", "16M", 0x33, 16 << 20);
+    for c in clones {
+        let console = PathBuf::from(c["console"].as_str().unwrap());
+        wait_for(&console, &expect);
+    }
+    let mut ratios = Vec::new();
+    for c in clones {
+        let pid = c["pid"].as_u64().unwrap();
+        let (rss, pss) = ram_rss_pss(pid);
+        assert!(
+            rss >= 16 << 10,
+            "clone {pid}: guest RAM RSS {rss} KiB, expected the 16 MiB it read"
+        );
+        ratios.push(pss as f64 / rss as f64);
+    }
+    for ratio in &ratios {
+        assert!(*ratio < 0.6, "guest RAM PSS/RSS of the clones: {ratios:?}");
+    }
+    assert_eq!(parent.wait().unwrap().code(), Some(3));
+    let parent_out = std::fs::read_to_string(&console).unwrap();
+    assert!(parent_out.contains(&expect), "{parent_out}");
+}
+
+/// RSS and PSS (KiB) of the clone's guest-RAM mapping (the RAM file, mapped private).
+fn ram_rss_pss(pid: u64) -> (u64, u64) {
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap();
+    let (mut rss, mut pss, mut inside) = (0, 0, false);
+    for line in smaps.lines() {
+        let first = line.split_whitespace().next().unwrap_or("");
+        if first.contains('-') && !first.ends_with(':') {
+            inside = line.contains("/memory") || line.contains("memfd:densevm-ram");
+            continue;
+        }
+        let value = || {
+            line.split_whitespace()
+                .nth(1)
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        if inside && line.starts_with("Rss:") {
+            rss += value();
+        }
+        if inside && line.starts_with("Pss:") {
+            pss += value();
+        }
+    }
+    (rss, pss)
+}
+
+/// Writes a state file with `payload` in the container (for the refusal tests).
+fn write_container(path: &Path, version: u32, payload: &[u8]) {
+    let mut data = Vec::new();
+    data.extend_from_slice(b"DENSEVM-SNAPSHOT");
+    data.extend_from_slice(&version.to_le_bytes());
+    data.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    data.extend_from_slice(&crc32c::crc32c(payload).to_le_bytes());
+    data.extend_from_slice(payload);
+    std::fs::write(path, data).unwrap();
+}
+
+/// Corrupt, truncated, wrong-version and foreign-CPU snapshots, and a truncated memory
+/// file, are refused with a message naming the problem.
+#[test]
+fn damaged_snapshots_are_refused_with_a_clear_error() {
+    let tmp = TempDir::new("snap-refuse");
+    let console = tmp.0.join("parent.console");
+    let (mut parent, sock) = start(
+        &tmp.0,
+        "write ram 8M 64K 0x5a; sleep 1000; exit 0",
+        &console,
+    );
+    wait_for(&console, "sleep 1000 ms");
+    let snap = tmp.0.join("good");
+    vm(&["snapshot", "--dir", snap.to_str().unwrap()], &sock);
+    assert_eq!(parent.wait().unwrap().code(), Some(0));
+    let state = std::fs::read(snap.join("state")).unwrap();
+    let payload = &state[32..];
+
+    let variant = |name: &str, make: &dyn Fn(&Path)| -> String {
+        let dir = tmp.0.join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::copy(snap.join("memory"), dir.join("memory")).unwrap();
+        std::fs::write(dir.join("state"), &state).unwrap();
+        make(&dir);
+        let out = densevm()
+            .args(["run", "--timeout", "20", "--restore"])
+            .arg(&dir)
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "{name}: {}{}",
+            stdout(&out),
+            stderr(&out)
+        );
+        stderr(&out).to_lowercase()
+    };
+    let corrupt = variant("corrupt", &|d| {
+        let mut s = state.clone();
+        let last = s.len() - 10;
+        s[last] ^= 0x40;
+        std::fs::write(d.join("state"), s).unwrap();
+    });
+    assert!(
+        corrupt.contains("corrupt") || corrupt.contains("checksum"),
+        "{corrupt}"
+    );
+    let truncated = variant("truncated", &|d| {
+        std::fs::write(d.join("state"), &state[..state.len() / 2]).unwrap();
+    });
+    assert!(truncated.contains("truncated"), "{truncated}");
+    let version = variant("version", &|d| {
+        write_container(&d.join("state"), 99, payload)
+    });
+    assert!(version.contains("version"), "{version}");
+    let foreign = variant("foreign", &|d| {
+        let mut doc: serde_json::Value = serde_json::from_slice(payload).unwrap();
+        doc["host_cpu"]["model"] =
+            serde_json::json!(doc["host_cpu"]["model"].as_u64().unwrap() + 1);
+        write_container(&d.join("state"), 1, &serde_json::to_vec(&doc).unwrap());
+    });
+    assert!(foreign.contains("cpu"), "{foreign}");
+    let short_memory = variant("short-memory", &|d| {
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(d.join("memory"))
+            .unwrap();
+        f.set_len(4096).unwrap();
+    });
+    assert!(short_memory.contains("truncated"), "{short_memory}");
+    let not_snapshot = variant("not-a-snapshot", &|d| {
+        std::fs::write(
+            d.join("state"),
+            b"hello, this is not a snapshot at all.............",
+        )
+        .unwrap();
+    });
+    assert!(
+        not_snapshot.contains("not a densevm snapshot") || not_snapshot.contains("magic"),
+        "{not_snapshot}"
+    );
+}
