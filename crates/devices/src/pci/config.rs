@@ -1,5 +1,7 @@
 //! A type-0 configuration space: header, one 32-bit memory BAR, capabilities.
 
+use super::state::{ConfigSpaceState, PciStateError};
+
 /// Capability ID of MSI-X.
 pub const CAP_ID_MSIX: u8 = 0x11;
 /// Capability ID of vendor-specific capabilities (virtio's structure pointers).
@@ -149,6 +151,44 @@ impl ConfigSpace {
         let w = self.writable[reg] & mask;
         self.regs[reg] = self.regs[reg] & !w | value & w;
     }
+
+    /// The registers as the guest left them (for a snapshot).
+    pub fn save_state(&self) -> ConfigSpaceState {
+        ConfigSpaceState {
+            regs: self.regs.to_vec(),
+            bar_sizing: self.bar_sizing,
+        }
+    }
+
+    /// Applies a saved state to this space, built as the saved one was: only bits the guest
+    /// can write may differ, and BAR 0 must be where this function's is. Nothing changes
+    /// when the state is refused.
+    pub fn restore_state(&mut self, state: &ConfigSpaceState) -> Result<(), PciStateError> {
+        let regs: &[u32; REGS] =
+            state
+                .regs
+                .as_slice()
+                .try_into()
+                .map_err(|_| PciStateError::ConfigLength {
+                    got: state.regs.len(),
+                })?;
+        for (reg, (&saved, &current)) in regs.iter().zip(&self.regs).enumerate() {
+            if reg == BAR0 {
+                if saved != current {
+                    return Err(PciStateError::BarMoved { saved, current });
+                }
+            } else if (saved ^ current) & !self.writable[reg] != 0 {
+                return Err(PciStateError::ReadOnlyBits {
+                    reg,
+                    saved,
+                    current,
+                });
+            }
+        }
+        self.regs = *regs;
+        self.bar_sizing = state.bar_sizing && self.bar.is_some();
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -208,5 +248,46 @@ mod tests {
         );
         c.write(b / 4 + 1, 0, &[0xff; 4]);
         assert_eq!(c.read(b / 4 + 1), 0x4000, "table offset is read-only");
+    }
+
+    #[test]
+    fn state_round_trips_and_only_writable_bits_may_differ() {
+        let build = || {
+            let mut c = ConfigSpace::new(&header());
+            c.set_bar0(0xc000_0000, 0x8000);
+            let m = c.add_capability(CAP_ID_MSIX, &[1, 0, 0, 0x40, 0, 0, 0, 0x50, 0, 0]);
+            c.allow_write(m + 2, 0xc000);
+            (c, m)
+        };
+        let (mut a, m) = build();
+        a.write(1, 0, &0x0406u16.to_le_bytes());
+        a.write(m / 4, 2, &0x8000u16.to_le_bytes());
+        a.write(4, 0, &u32::MAX.to_le_bytes());
+        let saved = a.save_state();
+        let (mut b, _) = build();
+        b.restore_state(&saved).unwrap();
+        assert_eq!(b.read(1) & 0xffff, 0x0406, "command register");
+        assert_eq!(b.read_u16(m + 2), 0x8001, "MSI-X enable");
+        assert_eq!(b.read(4), 0xffff_8000, "still sizing");
+        assert_eq!(b.save_state(), saved);
+
+        let (mut c, _) = build();
+        let before = c.save_state();
+        let mut bad = saved.clone();
+        bad.regs[0] = 0x1043_1af4;
+        let e = c.restore_state(&bad).unwrap_err();
+        assert!(
+            matches!(e, PciStateError::ReadOnlyBits { reg: 0, .. }),
+            "{e}"
+        );
+        bad = saved.clone();
+        bad.regs[4] = 0xd000_0000;
+        let e = c.restore_state(&bad).unwrap_err();
+        assert!(matches!(e, PciStateError::BarMoved { .. }), "{e}");
+        bad = saved.clone();
+        bad.regs.truncate(10);
+        let e = c.restore_state(&bad).unwrap_err();
+        assert!(e.to_string().contains("10 dwords"), "{e}");
+        assert_eq!(c.save_state(), before, "a refused state changes nothing");
     }
 }

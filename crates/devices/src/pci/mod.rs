@@ -10,7 +10,9 @@
 mod config;
 mod msix;
 mod root;
+mod state;
 
 pub use config::{ConfigSpace, PciHeader, CAP_ID_MSIX, CAP_ID_VENDOR};
 pub use msix::{MsiMessage, MsiRoutes, Msix, MsixVector, MSIX_ENTRY_SIZE};
 pub use root::{PciFunction, PciRoot, PCI_CONFIG_BASE, PCI_CONFIG_LEN};
+pub use state::{ConfigSpaceState, MsixState, PciRootState, PciStateError};

@@ -5,6 +5,7 @@
 //! instead of signalling the eventfd, and unmasking delivers it. The route of a vector is
 //! updated whenever the guest changes its address or data.
 
+use super::state::{MsixState, PciStateError};
 use std::sync::Arc;
 use vmm_sys_util::eventfd::EventFd;
 
@@ -171,6 +172,53 @@ impl Msix {
         }
     }
 
+    /// The table, pending bits and control bits (for a snapshot).
+    pub fn save_state(&self) -> MsixState {
+        MsixState {
+            entries: self.entries.clone(),
+            pending: self.pending.clone(),
+            enabled: self.enabled,
+            function_masked: self.function_masked,
+        }
+    }
+
+    /// Applies a saved table to this one (same vector count), routes every vector the guest
+    /// programmed (masked ones too: unmasking changes no address, so nothing would route them
+    /// later) and delivers pending interrupts of unmasked vectors. Nothing changes when the
+    /// state is refused; a routing failure leaves the table applied.
+    pub fn restore_state(&mut self, state: &MsixState) -> Result<(), PciStateError> {
+        if state.entries.len() != self.vectors.len() {
+            return Err(PciStateError::MsixTableSize {
+                saved: state.entries.len(),
+                current: self.vectors.len(),
+            });
+        }
+        if state.pending.len() != state.entries.len() {
+            return Err(PciStateError::MsixPendingSize {
+                pending: state.pending.len(),
+                table: state.entries.len(),
+            });
+        }
+        self.entries.clone_from(&state.entries);
+        self.pending.clone_from(&state.pending);
+        self.enabled = state.enabled;
+        self.function_masked = state.function_masked;
+        for (vector, entry) in self.entries.iter().enumerate() {
+            if entry[..3] == [0; 3] {
+                continue; // never programmed: no route, as before the snapshot
+            }
+            let msg = MsiMessage {
+                address: u64::from(entry[1]) << 32 | u64::from(entry[0]),
+                data: entry[2],
+            };
+            self.routes
+                .set_route(self.vectors[vector].gsi, msg)
+                .map_err(|source| PciStateError::Route { vector, source })?;
+        }
+        self.deliver_pending();
+        Ok(())
+    }
+
     /// Raises vector `vector`: delivered now, or remembered as pending while masked. Without
     /// MSI-X enabled (densevm offers no INTx) or for a vector out of range, nothing happens.
     pub fn trigger(&mut self, vector: u16) {
@@ -259,5 +307,57 @@ mod tests {
         m.write_table(0, &[1; 3]);
         m.read_table(1000, &mut d);
         assert_eq!(d, [0; 8]);
+    }
+
+    #[test]
+    fn state_restores_routes_and_pending_bits() {
+        let (mut a, _) = msix(3);
+        a.set_control(true, false);
+        a.write_table(0, &0xfee0_0000u32.to_le_bytes());
+        a.write_table(8, &0x40u32.to_le_bytes());
+        a.write_table(12, &0u32.to_le_bytes()); // vector 0 unmasked
+        a.write_table(16, &0xfee0_1000u32.to_le_bytes()); // vector 1 programmed, masked
+        a.write_table(24, &0x41u32.to_le_bytes());
+        a.trigger(1);
+        let saved = a.save_state();
+        assert_eq!(saved.pending, [false, true, false]);
+
+        let (mut b, routes) = msix(3);
+        b.restore_state(&saved).unwrap();
+        let got = routes.0.lock().unwrap().clone();
+        let msg = |address, data| MsiMessage { address, data };
+        assert_eq!(
+            got,
+            [(24, msg(0xfee0_0000, 0x40)), (25, msg(0xfee0_1000, 0x41))],
+            "programmed vectors routed, the untouched one not"
+        );
+        assert_eq!(b.save_state(), saved);
+        b.trigger(0);
+        assert!(fired(&b.vectors[0]));
+        b.write_table(28, &0u32.to_le_bytes());
+        assert!(
+            fired(&b.vectors[1]),
+            "pending interrupt delivered on unmask"
+        );
+
+        let (mut c, routes) = msix(2);
+        let e = c.restore_state(&saved).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                PciStateError::MsixTableSize {
+                    saved: 3,
+                    current: 2
+                }
+            ),
+            "{e}"
+        );
+        let mut bad = saved.clone();
+        bad.pending.pop();
+        let (mut d, _) = msix(3);
+        let e = d.restore_state(&bad).unwrap_err();
+        assert!(e.to_string().contains("damaged"), "{e}");
+        assert!(routes.0.lock().unwrap().is_empty());
+        assert!(!d.enabled(), "a refused state changes nothing");
     }
 }

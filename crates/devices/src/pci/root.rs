@@ -2,6 +2,7 @@
 //! 00:00.0 and the functions added at 00:01.0, 00:02.0, ... Every other function reads as
 //! absent (all ones).
 
+use super::state::{PciRootState, PciStateError};
 use crate::{BusDevice, GuestRequest};
 use std::sync::{Arc, Mutex};
 
@@ -85,6 +86,55 @@ impl PciRoot {
             Some(None) => Self::host_bridge_dword(reg),
             Some(Some(f)) => lock(f).config_read(reg),
         }
+    }
+}
+
+impl PciRoot {
+    fn slots(&self) -> Vec<u8> {
+        (1..MAX_DEVICES)
+            .filter(|&d| self.functions[d].is_some())
+            .map(|d| d as u8)
+            .collect()
+    }
+
+    /// The address latch and the host bridge (for a snapshot). The functions are saved
+    /// through their own devices (virtio-pci transports).
+    pub fn save_state(&self) -> PciRootState {
+        PciRootState {
+            address: self.address,
+            host_bridge: (0..64).map(Self::host_bridge_dword).collect(),
+            slots: self.slots(),
+        }
+    }
+
+    /// Applies a saved state. Call it after adding the restored functions, in the order of
+    /// the snapshot's VM: the device numbers holding a function must be the saved ones.
+    /// Nothing changes when the state is refused.
+    pub fn restore_state(&mut self, state: &PciRootState) -> Result<(), PciStateError> {
+        if state.host_bridge.len() != 64 {
+            return Err(PciStateError::ConfigLength {
+                got: state.host_bridge.len(),
+            });
+        }
+        for (reg, &saved) in state.host_bridge.iter().enumerate() {
+            let current = Self::host_bridge_dword(reg);
+            if saved != current {
+                return Err(PciStateError::HostBridge {
+                    reg,
+                    saved,
+                    current,
+                });
+            }
+        }
+        let current = self.slots();
+        if state.slots != current {
+            return Err(PciStateError::Slots {
+                saved: state.slots.clone(),
+                current,
+            });
+        }
+        self.address = state.address;
+        Ok(())
     }
 }
 
@@ -207,5 +257,32 @@ mod tests {
             None,
             "bus 0 holds 31 functions besides the bridge"
         );
+    }
+
+    #[test]
+    fn state_keeps_the_latch_and_checks_the_slots() {
+        let f: SharedFunction = Arc::new(Mutex::new(Regs([7; 64])));
+        let mut a = PciRoot::new();
+        a.add(f.clone());
+        a.write(0, &(0x8000_0008u32 | 1 << 11).to_le_bytes());
+        let saved = a.save_state();
+        assert_eq!(saved.slots, [1]);
+
+        let mut b = PciRoot::new();
+        let e = b.restore_state(&saved).unwrap_err();
+        assert!(matches!(e, PciStateError::Slots { .. }), "{e}");
+        assert!(e.to_string().contains("same order"), "{e}");
+        b.add(f);
+        let mut bad = saved.clone();
+        bad.host_bridge[0] = 0x1234_5678;
+        let e = b.restore_state(&bad).unwrap_err();
+        assert!(matches!(e, PciStateError::HostBridge { reg: 0, .. }), "{e}");
+        bad.host_bridge.truncate(3);
+        assert!(b.restore_state(&bad).is_err());
+        assert_eq!(read32(&mut b, 0), 0, "a refused state changes nothing");
+        b.restore_state(&saved).unwrap();
+        assert_eq!(read32(&mut b, 0), 0x8000_0808, "the latch");
+        assert_eq!(read32(&mut b, 4), 7, "reads the function it latched");
+        assert_eq!(b.save_state(), saved);
     }
 }
