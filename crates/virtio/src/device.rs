@@ -1,5 +1,6 @@
 //! The device side of virtio: what a transport needs from every device.
 
+use crate::state::{QueuePosition, StateError};
 use crate::{Interrupt, Mem};
 use std::sync::Arc;
 use thiserror::Error;
@@ -65,8 +66,41 @@ pub trait VirtioDevice: Send {
     /// is stopped and joined, requests in flight are completed or dropped, nothing is left
     /// running. Called also when the device was never activated.
     fn reset(&mut self);
-    /// Whether the device is serving (activated and not reset since).
+    /// Whether the device is serving (activated and not reset since; a quiesced device is
+    /// still active).
     fn is_active(&self) -> bool;
+
+    /// Stops serving for a snapshot without a reset: the worker completes every request it
+    /// popped (used ring written, interrupt raised) and is joined; the device keeps its
+    /// queues for [`resume`](Self::resume). Returns each queue's position; empty when the
+    /// device is not active. The default (devices without save/restore) refuses an active
+    /// device with [`StateError::Unsupported`].
+    fn quiesce(&mut self) -> Result<Vec<QueuePosition>, StateError> {
+        if self.is_active() {
+            Err(StateError::unsupported(self.device_type()))
+        } else {
+            Ok(Vec::new())
+        }
+    }
+
+    /// Serves again after [`quiesce`](Self::quiesce), with the same queues (the VM goes on).
+    /// Nothing to do for a device that is not quiesced.
+    fn resume(&mut self) -> Result<(), StateError> {
+        Ok(())
+    }
+
+    /// The device's own state (accepted features, what configuration writes changed) as
+    /// JSON. The default refuses with [`StateError::Unsupported`].
+    fn save_state(&self) -> Result<serde_json::Value, StateError> {
+        Err(StateError::unsupported(self.device_type()))
+    }
+
+    /// Applies a [`save_state`](Self::save_state) value to this freshly built, inactive
+    /// device (the transport activates it afterwards). The value is untrusted: a state that
+    /// does not fit is an error, and the device is unchanged.
+    fn restore_state(&mut self, _state: &serde_json::Value) -> Result<(), StateError> {
+        Err(StateError::unsupported(self.device_type()))
+    }
 }
 
 /// The queue of a one-queue device, checked: exactly one queue, rings inside guest memory,

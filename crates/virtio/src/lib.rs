@@ -12,7 +12,9 @@
 //! - `device.rs` — the [`VirtioDevice`] trait, [`DeviceQueue`], activation errors;
 //! - `queue.rs` — popping chains and completing them (the one place a virtqueue is parsed,
 //!   through `virtio-queue`);
-//! - `worker.rs` — the epoll thread that runs a device's queue handler;
+//! - `worker.rs` — the epoll thread that runs a device's queue handler (parked and resumed
+//!   around a snapshot);
+//! - `state.rs` — [`StateError`] and [`QueuePosition`]: saving and restoring devices;
 //! - `transport/pci.rs` — virtio-pci (modern, MSI-X);
 //! - `block/`, `pmem/`, `p9/`, `rng/` — the devices.
 
@@ -23,6 +25,7 @@ pub mod p9;
 pub mod pmem;
 pub mod queue;
 pub mod rng;
+pub mod state;
 #[cfg(any(test, feature = "test-utils"))]
 pub mod testing;
 pub mod transport;
@@ -30,6 +33,7 @@ pub mod worker;
 
 pub use device::{ActivateError, DeviceQueue, VirtioDevice};
 pub use interrupt::Interrupt;
+pub use state::{QueuePosition, StateError};
 
 /// Guest memory as devices see it.
 pub type Mem = vm_memory::GuestMemoryMmap;

@@ -17,10 +17,21 @@ pub trait QueueHandler: Send + 'static {
     fn handle_queue(&mut self, index: usize);
 }
 
-/// A running worker; [`Worker::stop`] ends it and gives the handler back.
+/// A running worker; [`Worker::stop`] ends it and gives the handler back, [`Worker::park`]
+/// ends it so that it can run again.
 pub struct Worker<H: QueueHandler> {
+    name: String,
     kill: EventFd,
-    thread: Option<JoinHandle<H>>,
+    thread: Option<JoinHandle<(H, Vec<EventFd>)>>,
+}
+
+/// A worker stopped between two handler calls (see [`Worker::park`]): its handler and the
+/// eventfds it waited on, ready to run again with [`Parked::resume`].
+pub struct Parked<H: QueueHandler> {
+    name: String,
+    events: Vec<EventFd>,
+    /// The handler as its last call left it (the device's queues and their positions).
+    pub handler: H,
 }
 
 const KILL_TOKEN: u64 = u64::MAX;
@@ -65,7 +76,7 @@ impl<H: QueueHandler> Worker<H> {
                         let token = ev.data();
                         if token == KILL_TOKEN {
                             let _ = thread_kill.read();
-                            return handler;
+                            return (handler, events);
                         }
                         let index = token as usize;
                         // Clear the count first: a notification after this read runs the
@@ -74,18 +85,41 @@ impl<H: QueueHandler> Worker<H> {
                         handler.handle_queue(index);
                     }
                 }
-                handler
+                (handler, events)
             })?;
         Ok(Self {
+            name: name.into(),
             kill,
             thread: Some(thread),
         })
     }
 
     /// Stops the worker after the request it is serving and returns its handler.
-    pub fn stop(mut self) -> Option<H> {
+    pub fn stop(self) -> Option<H> {
+        self.park().map(|p| p.handler)
+    }
+
+    /// Stops the worker between two handler calls and joins its thread: the call in
+    /// progress finishes first (a handler returns only after completing every chain it
+    /// popped, with its interrupt raised). A notification not yet handled stays in its
+    /// eventfd and in the available ring; the worker serves it when it resumes. `None` when
+    /// the thread panicked.
+    pub fn park(mut self) -> Option<Parked<H>> {
         let _ = self.kill.write(1);
-        self.thread.take()?.join().ok()
+        let (handler, events) = self.thread.take()?.join().ok()?;
+        Some(Parked {
+            name: std::mem::take(&mut self.name),
+            events,
+            handler,
+        })
+    }
+}
+
+impl<H: QueueHandler> Parked<H> {
+    /// Starts the worker again with the same handler and eventfds; like a fresh worker it
+    /// first handles every queue once, for requests made available while it was parked.
+    pub fn resume(self) -> io::Result<Worker<H>> {
+        Worker::spawn(&self.name, self.events, self.handler)
     }
 }
 
@@ -95,5 +129,146 @@ impl<H: QueueHandler> Drop for Worker<H> {
             let _ = self.kill.write(1);
             let _ = t.join();
         }
+    }
+}
+
+/// A device's worker as the device holds it: none, running, or parked by a quiesce.
+#[derive(Default)]
+pub enum Service<H: QueueHandler> {
+    /// Not activated (or reset since).
+    #[default]
+    Idle,
+    /// Serving.
+    Running(Worker<H>),
+    /// Activated but stopped for a snapshot; [`Service::resume`] continues.
+    Parked(Parked<H>),
+}
+
+/// The worker thread of a device ended by a panic: its queues are gone.
+#[derive(Debug, Clone, Copy)]
+pub struct WorkerLost;
+
+impl<H: QueueHandler> Service<H> {
+    /// Starts serving with a new worker (a running or parked one is stopped first).
+    pub fn start(&mut self, name: &str, events: Vec<EventFd>, handler: H) -> io::Result<()> {
+        self.stop();
+        *self = Service::Running(Worker::spawn(name, events, handler)?);
+        Ok(())
+    }
+
+    /// Stops serving (a reset): the worker is joined; returns its handler.
+    pub fn stop(&mut self) -> Option<H> {
+        match std::mem::take(self) {
+            Service::Idle => None,
+            Service::Running(w) => w.stop(),
+            Service::Parked(p) => Some(p.handler),
+        }
+    }
+
+    /// Parks a running worker (see [`Worker::park`]) and returns the parked handler, also
+    /// when it was parked already; `None` when idle. When the thread had panicked the
+    /// service is idle afterwards.
+    pub fn quiesce(&mut self) -> Result<Option<&mut H>, WorkerLost> {
+        match std::mem::take(self) {
+            Service::Running(w) => *self = Service::Parked(w.park().ok_or(WorkerLost)?),
+            other => *self = other,
+        }
+        Ok(match self {
+            Service::Parked(p) => Some(&mut p.handler),
+            _ => None,
+        })
+    }
+
+    /// Runs a parked worker again; a running or idle service is left as it is. When the
+    /// thread cannot be started the service is idle (the device no longer serves).
+    pub fn resume(&mut self) -> io::Result<()> {
+        match std::mem::take(self) {
+            Service::Parked(p) => *self = Service::Running(p.resume()?),
+            other => *self = other,
+        }
+        Ok(())
+    }
+
+    /// Whether the device is activated (running or parked).
+    pub fn is_active(&self) -> bool {
+        !matches!(self, Service::Idle)
+    }
+
+    /// The handler of a parked worker.
+    pub fn parked(&self) -> Option<&H> {
+        match self {
+            Service::Parked(p) => Some(&p.handler),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    /// Counts calls begun and finished; each call takes 30 ms.
+    struct Slow {
+        begun: Arc<AtomicU32>,
+        done: u32,
+    }
+    impl QueueHandler for Slow {
+        fn handle_queue(&mut self, _index: usize) {
+            self.begun.fetch_add(1, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_millis(30));
+            self.done += 1;
+        }
+    }
+
+    #[test]
+    fn quiesce_waits_for_the_call_in_progress_and_resume_serves_what_came_meanwhile() {
+        let begun = Arc::new(AtomicU32::new(0));
+        let event = EventFd::new(libc::EFD_NONBLOCK).unwrap();
+        let notify = event.try_clone().unwrap();
+        let mut s = Service::default();
+        assert!(!s.is_active());
+        assert!(s.quiesce().unwrap().is_none(), "idle: nothing to park");
+        let handler = Slow {
+            begun: begun.clone(),
+            done: 0,
+        };
+        s.start("test-worker", vec![event], handler).unwrap();
+        // The start-up call, then one for a notification; park while it runs.
+        let t = Instant::now();
+        while begun.load(Ordering::SeqCst) < 1 && t.elapsed() < Duration::from_secs(5) {
+            std::thread::yield_now();
+        }
+        notify.write(1).unwrap();
+        while begun.load(Ordering::SeqCst) < 2 && t.elapsed() < Duration::from_secs(5) {
+            std::thread::yield_now();
+        }
+        let done = s.quiesce().unwrap().expect("parked").done;
+        assert_eq!(done, begun.load(Ordering::SeqCst), "no call cut short");
+        assert!(s.is_active() && s.parked().is_some());
+        // Parked: a notification waits in its eventfd.
+        notify.write(1).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(begun.load(Ordering::SeqCst), done);
+        assert_eq!(
+            s.quiesce().unwrap().map(|h| h.done),
+            Some(done),
+            "parks once"
+        );
+        s.resume().unwrap();
+        s.resume().unwrap(); // running: nothing to do
+        let t = Instant::now();
+        while begun.load(Ordering::SeqCst) < done + 2 && t.elapsed() < Duration::from_secs(5) {
+            std::thread::yield_now();
+        }
+        let h = s.stop().expect("handler back");
+        assert_eq!(
+            h.done,
+            done + 2,
+            "the start-up call and the waiting notification"
+        );
+        assert!(!s.is_active());
     }
 }

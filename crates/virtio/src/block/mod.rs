@@ -16,16 +16,21 @@ pub mod backend;
 #[cfg(any(test, feature = "test-utils"))]
 pub mod fuzz;
 mod request;
+mod state;
 #[cfg(test)]
 mod tests;
 
 pub use request::{
     MAX_DWZ_SECTORS, MAX_DWZ_SEG, MAX_REQUEST_BYTES, SECTOR_SIZE, SEG_MAX, SIZE_MAX,
 };
+pub use state::BlockState;
 
 use crate::queue::{self, RingError};
-use crate::worker::{QueueHandler, Worker};
-use crate::{device_type, features, ActivateError, DeviceQueue, Interrupt, Mem, VirtioDevice};
+use crate::worker::{QueueHandler, Service};
+use crate::{
+    device_type, features, ActivateError, DeviceQueue, Interrupt, Mem, QueuePosition, StateError,
+    VirtioDevice,
+};
 use backend::{Backend, PcowDisk, RawFile};
 use request::DiskInfo;
 use std::mem::offset_of;
@@ -142,7 +147,7 @@ pub struct Block {
     capacity: u64,
     discard_granularity: u64,
     acked: u64,
-    worker: Option<Worker<BlockWorker>>,
+    worker: Service<BlockWorker>,
     queue_sizes: [u16; 1],
 }
 
@@ -234,7 +239,7 @@ impl Block {
             capacity,
             discard_granularity,
             acked: 0,
-            worker: None,
+            worker: Service::Idle,
             queue_sizes: [QUEUE_SIZE],
         }
     }
@@ -275,15 +280,18 @@ impl Block {
     }
 
     /// Stops the worker and makes everything written durable.
-    fn quiesce(&mut self) {
-        if let Some(worker) = self.worker.take() {
-            worker.stop();
+    fn stop_and_flush(&mut self) {
+        self.worker.stop();
+        if let Err(e) = self.flush() {
+            tracing::error!("virtio-blk: flushing the disk failed: {e}");
         }
-        if !self.readonly {
-            if let Err(e) = lock(&self.backend).flush() {
-                tracing::error!("virtio-blk: flushing the disk failed: {e}");
-            }
+    }
+
+    fn flush(&self) -> std::io::Result<()> {
+        if self.readonly {
+            return Ok(());
         }
+        lock(&self.backend).flush()
     }
 
     /// The configuration space (virtio 1.2 §5.2.4), little-endian, up to
@@ -394,9 +402,6 @@ impl VirtioDevice for Block {
         queues: Vec<DeviceQueue>,
     ) -> Result<(), ActivateError> {
         let dq = crate::device::single_queue(queues, &mem, self.acked)?;
-        if let Some(worker) = self.worker.take() {
-            worker.stop();
-        }
         let queue = dq.queue;
         let handler = BlockWorker {
             mem,
@@ -406,23 +411,39 @@ impl VirtioDevice for Block {
             disk: self.disk_info(),
             broken: false,
         };
-        self.worker = Some(Worker::spawn("virtio-blk", vec![dq.event], handler)?);
+        self.worker.start("virtio-blk", vec![dq.event], handler)?;
         Ok(())
     }
 
     fn reset(&mut self) {
-        self.quiesce();
+        self.stop_and_flush();
         self.acked = 0;
     }
 
     fn is_active(&self) -> bool {
-        self.worker.is_some()
+        self.worker.is_active()
+    }
+
+    fn quiesce(&mut self) -> Result<Vec<QueuePosition>, StateError> {
+        self.quiesce_worker()
+    }
+
+    fn resume(&mut self) -> Result<(), StateError> {
+        self.resume_worker()
+    }
+
+    fn save_state(&self) -> Result<serde_json::Value, StateError> {
+        self.state()
+    }
+
+    fn restore_state(&mut self, state: &serde_json::Value) -> Result<(), StateError> {
+        self.apply_state(state)
     }
 }
 
 impl Drop for Block {
     fn drop(&mut self) {
-        self.quiesce();
+        self.stop_and_flush();
     }
 }
 

@@ -6,11 +6,13 @@
 
 use crate::device::{ActivateError, DeviceQueue, VirtioDevice};
 use crate::queue::{self, RingError};
-use crate::worker::{QueueHandler, Worker};
+use crate::state::{decode, encode, QueuePosition, StateError};
+use crate::worker::{QueueHandler, Service};
 use crate::{device_type, features, Interrupt, Mem};
+use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::sync::Arc;
-use virtio_queue::{DescriptorChain, Queue};
+use virtio_queue::{DescriptorChain, Queue, QueueT};
 
 /// Size of the queue.
 pub const QUEUE_SIZE: u16 = 256;
@@ -25,7 +27,15 @@ const CHUNK: usize = 4096;
 #[derive(Default)]
 pub struct Rng {
     acked: u64,
-    worker: Option<Worker<Handler>>,
+    worker: Service<Handler>,
+}
+
+/// What a snapshot holds of a virtio-rng device (its queue is saved by the transport).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RngState {
+    /// Features the driver accepted.
+    pub acked_features: u64,
 }
 
 impl Rng {
@@ -142,18 +152,64 @@ impl VirtioDevice for Rng {
             interrupt,
             broken: false,
         };
-        self.worker = Some(Worker::spawn("virtio-rng", vec![event], handler)?);
+        self.worker.start("virtio-rng", vec![event], handler)?;
         Ok(())
     }
 
     fn reset(&mut self) {
-        if let Some(w) = self.worker.take() {
-            drop(w.stop());
-        }
+        drop(self.worker.stop());
     }
 
     fn is_active(&self) -> bool {
-        self.worker.is_some()
+        self.worker.is_active()
+    }
+
+    fn quiesce(&mut self) -> Result<Vec<QueuePosition>, StateError> {
+        match self.worker.quiesce() {
+            Ok(handler) => Ok(handler
+                .map(|h| QueuePosition {
+                    next_avail: h.queue.next_avail(),
+                    next_used: h.queue.next_used(),
+                })
+                .into_iter()
+                .collect()),
+            Err(_) => Err(StateError::worker_lost(device_type::RNG)),
+        }
+    }
+
+    fn resume(&mut self) -> Result<(), StateError> {
+        self.worker.resume().map_err(|source| StateError::Host {
+            device: "virtio-rng",
+            op: "restart the worker thread",
+            source,
+        })
+    }
+
+    fn save_state(&self) -> Result<serde_json::Value, StateError> {
+        encode(
+            device_type::RNG,
+            &RngState {
+                acked_features: self.acked,
+            },
+        )
+    }
+
+    fn restore_state(&mut self, state: &serde_json::Value) -> Result<(), StateError> {
+        let s: RngState = decode(device_type::RNG, state)?;
+        if self.is_active() {
+            return Err(StateError::device_state(
+                device_type::RNG,
+                "the device is already serving; restore into a new device",
+            ));
+        }
+        if s.acked_features & !self.features() != 0 {
+            return Err(StateError::AckedFeatures {
+                acked: s.acked_features,
+                offered: self.features(),
+            });
+        }
+        self.acked = s.acked_features;
+        Ok(())
     }
 }
 
