@@ -22,6 +22,15 @@ pub const PCI_MMIO_BASE: u32 = crate::arch::acpi::PCI_MMIO_WINDOW.0;
 /// End of the BAR window.
 pub const PCI_MMIO_END: u32 = crate::arch::acpi::PCI_MMIO_WINDOW.1;
 
+/// The saved state of the legacy devices.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct LegacyState {
+    /// COM1.
+    pub serial: legacy::SerialSnapshot,
+    /// The CMOS (Linux guests).
+    pub cmos: Option<legacy::CmosSnapshot>,
+}
+
 /// The buses and the devices on them.
 pub struct DeviceManager {
     /// Port I/O bus.
@@ -34,6 +43,7 @@ pub struct DeviceManager {
     next_bar: u32,
     /// COM1 (its state goes into snapshots).
     pub serial: Arc<Mutex<Serial>>,
+    cmos: Option<Arc<Mutex<Cmos>>>,
     /// The virtio-pci functions, in the order they were added.
     pub virtio: Vec<Arc<Mutex<VirtioPci>>>,
 }
@@ -58,17 +68,37 @@ impl DeviceManager {
         Self::with_serial(vm, Serial::new(serial_irq, console), linux)
     }
 
-    /// The legacy devices of a restored VM, COM1 in its saved state (probe guests: no
-    /// PCI yet).
+    /// The legacy devices of a restored VM, in their saved state.
     pub fn restore(
         vm: &Vm,
         console: Box<dyn Write + Send>,
         serial_irq: EventFd,
         linux: bool,
-        serial: &legacy::SerialSnapshot,
+        state: &LegacyState,
     ) -> Result<Self, VmmError> {
-        let serial = Serial::from_state(serial_irq, console, serial).map_err(VmmError::Config)?;
-        Self::with_serial(vm, serial, linux)
+        let serial =
+            Serial::from_state(serial_irq, console, &state.serial).map_err(VmmError::Config)?;
+        let dm = Self::with_serial(vm, serial, linux)?;
+        if let (Some(cmos), Some(saved)) = (&dm.cmos, &state.cmos) {
+            let restored = Cmos::from_state(saved).map_err(VmmError::Config)?;
+            *cmos.lock().unwrap_or_else(|p| p.into_inner()) = restored;
+        }
+        Ok(dm)
+    }
+
+    /// The legacy devices' state for a snapshot.
+    pub fn save_legacy(&self) -> LegacyState {
+        LegacyState {
+            serial: self
+                .serial
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .state(),
+            cmos: self
+                .cmos
+                .as_ref()
+                .map(|c| c.lock().unwrap_or_else(|p| p.into_inner()).state()),
+        }
     }
 
     fn with_serial(vm: &Vm, serial: Serial, linux: bool) -> Result<Self, VmmError> {
@@ -91,13 +121,12 @@ impl DeviceManager {
         .map_err(bus_err)?;
         let mut pci = None;
         let mut routes = None;
+        let mut cmos = None;
         if linux {
-            pio.insert(
-                Arc::new(Mutex::new(Cmos::new())),
-                legacy::CMOS_BASE,
-                legacy::CMOS_LEN,
-            )
-            .map_err(bus_err)?;
+            let c = Arc::new(Mutex::new(Cmos::new()));
+            pio.insert(c.clone(), legacy::CMOS_BASE, legacy::CMOS_LEN)
+                .map_err(bus_err)?;
+            cmos = Some(c);
             pio.insert(
                 Arc::new(Mutex::new(AcpiPm)),
                 legacy::ACPI_PM_BASE,
@@ -118,6 +147,7 @@ impl DeviceManager {
             next_gsi: IOAPIC_PINS,
             next_bar: PCI_MMIO_BASE,
             serial,
+            cmos,
             virtio: Vec::new(),
         })
     }

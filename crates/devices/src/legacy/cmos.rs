@@ -50,10 +50,41 @@ impl Default for Cmos {
     }
 }
 
+/// The CMOS's saved state (the clock registers follow the host clock and are not saved).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct CmosSnapshot {
+    /// The selected register.
+    pub index: u8,
+    /// The 128 NVRAM bytes.
+    pub nvram: Vec<u8>,
+}
+
 impl Cmos {
     /// A CMOS with zeroed NVRAM.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// The state to save in a snapshot.
+    pub fn state(&self) -> CmosSnapshot {
+        CmosSnapshot {
+            index: self.index,
+            nvram: self.nvram.to_vec(),
+        }
+    }
+
+    /// A CMOS in a saved state; NVRAM that is not 128 bytes is refused.
+    pub fn from_state(state: &CmosSnapshot) -> Result<Self, String> {
+        let nvram: [u8; 128] = state.nvram.as_slice().try_into().map_err(|_| {
+            format!(
+                "CMOS state holds {} NVRAM bytes, not 128",
+                state.nvram.len()
+            )
+        })?;
+        Ok(Self {
+            index: state.index & 0x7f,
+            nvram,
+        })
     }
 
     fn register(&self, reg: u8, now_secs: u64) -> u8 {

@@ -1,5 +1,6 @@
 //! ACPI tables for Linux guests: RSDP → XSDT → {FADT (hardware-reduced, with sleep-control
-//! and reset registers) → DSDT (`_S5_`), MADT (one local APIC per vCPU, the IOAPIC)}.
+//! and reset registers) → DSDT (`_S5_`, COM1, the PCI host bridge, the VM generation ID
+//! and its Generic Event Device), MADT (one local APIC per vCPU, the IOAPIC)}.
 
 use acpi_tables::aml::{
     AddressSpace as AmlAddressSpace, AddressSpaceCacheable, Device, EISAName, Interrupt, Name,
@@ -19,6 +20,8 @@ use acpi_tables::sdt::Sdt;
 use acpi_tables::xsdt::XSDT;
 use acpi_tables::Aml;
 use densevm_devices::legacy::{ACPI_PM_BASE, ACPI_RESET_VALUE, ACPI_S5_SLEEP_TYPE};
+
+use super::vmgenid::{VmGenIdAml, VMGENID_ADDR};
 
 /// Guest-physical address of the RSDP (inside the BIOS area Linux also scans).
 pub const RSDP_ADDR: u64 = 0xe_0000;
@@ -45,7 +48,8 @@ fn io_register(port: u64) -> GAS {
 }
 
 /// Builds every table for `cpus` vCPUs; returns `(guest address, bytes)` chunks, all
-/// within `[RSDP_ADDR, ACPI_AREA_END)`.
+/// within `[RSDP_ADDR, VMGENID_ADDR)` (the generation ID's page, the rest of the reserved
+/// `[RSDP_ADDR, ACPI_AREA_END)`, is written by `vmgenid::write_new_id`).
 pub fn build_tables(cpus: u32) -> Vec<(u64, Vec<u8>)> {
     let mut next = RSDP_ADDR + 64;
     let mut place = |len: usize| {
@@ -102,7 +106,11 @@ pub fn build_tables(cpus: u32) -> Vec<(u64, Vec<u8>)> {
             &pci_crs_name,
         ],
     );
-    dsdt.append_slice(&bytes(&Scope::new("\\_SB_".into(), vec![&com1, &pci0])));
+    // The VM generation ID (VGEN) and the Generic Event Device that notifies it (GED0).
+    dsdt.append_slice(&bytes(&Scope::new(
+        "\\_SB_".into(),
+        vec![&com1, &pci0, &VmGenIdAml],
+    )));
     let dsdt_bytes = bytes(&dsdt);
     let dsdt_addr = place(dsdt_bytes.len());
 
@@ -141,6 +149,11 @@ pub fn build_tables(cpus: u32) -> Vec<(u64, Vec<u8>)> {
     let xsdt_bytes = bytes(&xsdt);
     let xsdt_addr = place(xsdt_bytes.len());
 
+    assert!(
+        next <= VMGENID_ADDR,
+        "ACPI tables ({next:#x}) overlap the VM generation ID"
+    );
+
     let rsdp_bytes = bytes(&Rsdp::new(OEM_ID, xsdt_addr));
     vec![
         (RSDP_ADDR, rsdp_bytes),
@@ -168,7 +181,7 @@ mod tests {
             .map(|(a, b)| a + b.len() as u64)
             .max()
             .unwrap();
-        assert!(end <= ACPI_AREA_END);
+        assert!(end <= VMGENID_ADDR);
         for (addr, table) in &tables[1..] {
             let len = u32::from_le_bytes(table[4..8].try_into().unwrap()) as usize;
             assert_eq!(len, table.len(), "table at {addr:#x} length field");
@@ -182,5 +195,18 @@ mod tests {
         assert!(dsdt.windows(4).any(|w| w == b"_S5_"));
         assert!(dsdt.windows(4).any(|w| w == b"COM1"));
         assert!(dsdt.windows(4).any(|w| w == b"PCI0"));
+        assert!(dsdt.windows(4).any(|w| w == b"VGEN"));
+        assert!(dsdt.windows(4).any(|w| w == b"GED0"));
+    }
+
+    #[test]
+    fn tables_for_255_cpus_stay_below_the_generation_id() {
+        let end = build_tables(255)
+            .iter()
+            .map(|(a, b)| a + b.len() as u64)
+            .max()
+            .unwrap();
+        assert!(end <= VMGENID_ADDR, "tables end at {end:#x}");
+        const { assert!(VMGENID_ADDR >= RSDP_ADDR && VMGENID_ADDR + 0x1000 <= ACPI_AREA_END) };
     }
 }

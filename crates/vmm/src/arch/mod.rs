@@ -5,3 +5,4 @@ pub mod cpuid;
 pub mod gdt;
 pub mod paging;
 pub mod regs;
+pub mod vmgenid;

@@ -1,6 +1,6 @@
 //! The control loop's side of pause, resume, snapshots and clone templates.
 
-use super::ram::{create_ram_file, remap, write_ram};
+use super::ram::{create_ram_file, remap, write_memory, write_windows};
 use super::{RegionRecord, SnapshotState, MEMORY_FILE, STATE_FILE};
 use crate::control::{ControlError, ControlRequest, RunState, SnapshotInfo, Template};
 use crate::memory::is_ram;
@@ -127,9 +127,9 @@ impl Vmm {
     }
 
     fn snapshot_supported(&self) -> Result<(), ControlError> {
-        if self.linux {
+        if !self.devices.virtio.is_empty() {
             return Err(ControlError::Unsupported(
-                "snapshots of Linux guests are not supported yet: densevm does not save virtio, PCI and CMOS device state so far (probe guests can be snapshotted and cloned)".into(),
+                "snapshots of VMs with virtio devices (--disk, --share, --rng, --pmem) are not supported yet: their device state is not saved so far".into(),
             ));
         }
         if self
@@ -167,12 +167,7 @@ impl Vmm {
             .map_err(ControlError::Failed)?;
         let vm = persist::save_vm(self.vm.fd(), self.vm.has_irqchip())
             .map_err(|e| ControlError::Failed(e.to_string()))?;
-        let serial = self
-            .devices
-            .serial
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .state();
+        let legacy = self.devices.save_legacy();
         Ok(SnapshotState {
             densevm_version: env!("CARGO_PKG_VERSION").to_string(),
             host_cpu: HostCpu::current(),
@@ -188,9 +183,10 @@ impl Vmm {
                 })
                 .collect(),
             irqchip: self.vm.has_irqchip(),
+            linux: self.linux,
             vm,
             vcpus,
-            serial,
+            legacy,
         })
     }
 
@@ -206,7 +202,7 @@ impl Vmm {
         let state = self.capture_state()?;
         let out =
             File::create(dir.join(MEMORY_FILE)).map_err(failed("creating the memory file"))?;
-        let memory_bytes = write_ram(self.memory.regions(), &self.ram, &out)
+        let memory_bytes = write_memory(self.memory.regions(), &self.ram, &out)
             .map_err(failed("writing guest memory"))?;
         out.sync_all().map_err(failed("syncing the memory file"))?;
         Self::write_state_file(dir, &state)?;
@@ -225,11 +221,15 @@ impl Vmm {
         prepare_dir(dir)?;
         let state = self.capture_state()?;
         let file = match (&self.ram.file, self.ram.shared) {
-            (Some(file), true) => file.clone(),
+            (Some(file), true) => {
+                write_windows(self.memory.regions(), file)
+                    .map_err(failed("copying the boot-image windows into the template"))?;
+                file.clone()
+            }
             _ => {
                 let file = create_ram_file(self.memory.end())
                     .map_err(failed("creating a RAM file for the template"))?;
-                write_ram(self.memory.regions(), &self.ram, &file)
+                write_memory(self.memory.regions(), &self.ram, &file)
                     .map_err(failed("copying guest memory into the template"))?;
                 Arc::new(file)
             }

@@ -10,16 +10,16 @@
 //! - [`restore`] — building a VM from a snapshot.
 //!
 //! What is saved: every vCPU ([`crate::persist::VcpuState`]), the in-kernel irqchip, PIT
-//! and clock ([`crate::persist::VmState`]), the UART, and the memory layout. Guests with
-//! virtio devices, PCI or `--pmem` regions are refused for now: their device state is not
-//! saved yet (see docs/snapshots.md).
+//! and clock ([`crate::persist::VmState`]), the UART and CMOS, and the memory layout with
+//! every region's contents (RAM and the boot-image windows). VMs with virtio devices or
+//! `--pmem` regions are refused for now (see docs/snapshots.md).
 
 pub mod create;
 pub mod ram;
 pub mod restore;
 
+use crate::device_manager::LegacyState;
 use crate::persist::{HostCpu, VcpuState, VmState};
-use densevm_devices::legacy::SerialSnapshot;
 use serde::{Deserialize, Serialize};
 
 /// The state file's name inside a snapshot directory.
@@ -51,10 +51,12 @@ pub struct SnapshotState {
     pub regions: Vec<RegionRecord>,
     /// Whether the VM has the in-kernel irqchip and PIT.
     pub irqchip: bool,
+    /// A Linux guest (CMOS, ACPI PM, PCI root) rather than the probe.
+    pub linux: bool,
     /// Irqchip, PIT, clock.
     pub vm: VmState,
     /// Every vCPU, in order.
     pub vcpus: Vec<VcpuState>,
-    /// COM1.
-    pub serial: SerialSnapshot,
+    /// COM1 and, for Linux, the CMOS.
+    pub legacy: LegacyState,
 }

@@ -8,7 +8,7 @@
 //! drop the old translations), so from then on every writer, parent included, writes
 //! private copies and the file never changes again.
 
-use crate::memory::{is_ram, RegionInfo};
+use crate::memory::{is_ram, RegionInfo, RegionKind};
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd};
@@ -121,11 +121,21 @@ fn copy_file_data(src: &File, out: &File, from: u64, to: u64) -> io::Result<u64>
     Ok(written)
 }
 
-/// Copies the pages of `region` that this process holds privately (written copies over
-/// a file, or anonymous memory) to `out` at offset = guest address. With `skip_zero`,
+/// Which pages of a region to copy.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pages {
+    /// Those this process holds privately (written copies over a file, or anonymous
+    /// memory), per /proc/self/pagemap.
+    Private,
+    /// Every page (a boot-image window: its clean pages come from a file the snapshot
+    /// does not reference).
+    All,
+}
+
+/// Copies pages of `region` to `out` at offset = guest address. With `skip_zero`,
 /// all-zero pages are left out (the file is sparse there); over a template they must be
 /// written, since the template may hold data at that offset.
-fn copy_private_pages(region: &RegionInfo, out: &File, skip_zero: bool) -> io::Result<u64> {
+fn copy_pages(region: &RegionInfo, out: &File, which: Pages, skip_zero: bool) -> io::Result<u64> {
     let pagemap = File::open("/proc/self/pagemap")?;
     let pages = region.size / PAGE;
     let mut entries = vec![0u8; 8 * 4096];
@@ -134,10 +144,12 @@ fn copy_private_pages(region: &RegionInfo, out: &File, skip_zero: bool) -> io::R
     while page < pages {
         let n = (pages - page).min(4096);
         let bytes = &mut entries[..(8 * n) as usize];
-        pagemap.read_exact_at(bytes, (region.host_addr / PAGE + page) * 8)?;
+        if which == Pages::Private {
+            pagemap.read_exact_at(bytes, (region.host_addr / PAGE + page) * 8)?;
+        }
         for (i, entry) in bytes.chunks_exact(8).enumerate() {
             let e = u64::from_le_bytes(entry.try_into().unwrap_or([0; 8]));
-            if e & (PM_PRESENT | PM_SWAP) == 0 || e & PM_FILE != 0 {
+            if which == Pages::Private && (e & (PM_PRESENT | PM_SWAP) == 0 || e & PM_FILE != 0) {
                 continue;
             }
             let off = (page + i as u64) * PAGE;
@@ -167,30 +179,45 @@ pub struct RamFile {
     pub shared: bool,
 }
 
-/// Writes the content of every RAM region into `out` (offset = guest address), sparse.
-/// Returns the bytes written.
-pub fn write_ram(regions: &[RegionInfo], ram: &RamFile, out: &File) -> io::Result<u64> {
+/// Writes the content of every guest region except external ones (pmem) into `out` at
+/// offset = guest address, sparse: RAM from the RAM file's data plus this VM's private
+/// pages, boot-image windows page by page. Returns the bytes written.
+pub fn write_memory(regions: &[RegionInfo], ram: &RamFile, out: &File) -> io::Result<u64> {
     let mut written = 0;
-    for r in regions.iter().filter(|r| is_ram(&r.name)) {
+    let mut end = 0;
+    for r in regions.iter().filter(|r| r.kind != RegionKind::External) {
+        end = end.max(r.gpa + r.size);
+        if !is_ram(&r.name) {
+            written += copy_pages(r, out, Pages::All, true)?;
+            continue;
+        }
         // With a RAM file every RAM region maps it (shared, or private once frozen).
         match &ram.file {
             Some(file) => {
                 written += copy_file_data(file, out, r.gpa, r.gpa + r.size)?;
                 if !ram.shared {
-                    written += copy_private_pages(r, out, false)?;
+                    written += copy_pages(r, out, Pages::Private, false)?;
                 }
             }
-            None => written += copy_private_pages(r, out, true)?,
+            None => written += copy_pages(r, out, Pages::Private, true)?,
         }
     }
-    let end = regions
-        .iter()
-        .filter(|r| is_ram(&r.name))
-        .map(|r| r.gpa + r.size)
-        .max()
-        .unwrap_or(0);
     if out.metadata()?.len() < end {
         out.set_len(end)?;
+    }
+    Ok(written)
+}
+
+/// Writes the boot-image windows (every non-RAM, non-external region) into the VM's own
+/// RAM file, at their guest addresses (holes there: RAM is cut around them), so that the
+/// file alone holds all guest memory for a template.
+pub fn write_windows(regions: &[RegionInfo], file: &File) -> io::Result<u64> {
+    let mut written = 0;
+    for r in regions
+        .iter()
+        .filter(|r| !is_ram(&r.name) && r.kind != RegionKind::External)
+    {
+        written += copy_pages(r, file, Pages::All, true)?;
     }
     Ok(written)
 }
@@ -244,7 +271,7 @@ mod tests {
             file: Some(file.clone()),
             shared: false,
         };
-        write_ram(memory.regions(), &ram, &out).unwrap();
+        write_memory(memory.regions(), &ram, &out).unwrap();
         let read = |off: u64| {
             let mut p = [0u8; 4096];
             out.read_exact_at(&mut p, off).unwrap();
@@ -279,7 +306,7 @@ mod tests {
             file: None,
             shared: false,
         };
-        assert_eq!(write_ram(memory.regions(), &ram, &out).unwrap(), PAGE);
+        assert_eq!(write_memory(memory.regions(), &ram, &out).unwrap(), PAGE);
         let mut p = [0u8; 4096];
         out.read_exact_at(&mut p, 0x5000).unwrap();
         assert!(p.iter().all(|&b| b == 7));

@@ -1,5 +1,5 @@
-//! Building a VM from a snapshot directory: the saved layout mapped `MAP_PRIVATE` over
-//! the memory file (or an inherited template descriptor), the VM and vCPU state put
+//! Building a VM from a snapshot directory: the saved layout (RAM and boot-image windows)
+//! mapped `MAP_PRIVATE` over the memory file (or an inherited template descriptor), the VM and vCPU state put
 //! back before any vCPU runs.
 
 use super::ram::RamFile;
@@ -43,6 +43,9 @@ pub fn read_snapshot(dir: &Path) -> Result<SnapshotState, VmmError> {
     if cpus == 0 || cpus > 254 {
         return Err(bad(dir, format!("{cpus} vCPUs saved (1..=254 allowed)")));
     }
+    if state.linux && !state.irqchip {
+        return Err(bad(dir, "a Linux guest saved without its irqchip"));
+    }
     if state.regions.iter().all(|r| !is_ram(&r.name)) {
         return Err(bad(dir, "the saved layout has no RAM region"));
     }
@@ -73,7 +76,6 @@ pub fn build_restored(
     let ram_end = state
         .regions
         .iter()
-        .filter(|r| is_ram(&r.name))
         .map(|r| r.gpa.saturating_add(r.size))
         .max()
         .unwrap_or(0);
@@ -87,15 +89,6 @@ pub fn build_restored(
     let file = Arc::new(file);
     let mut specs = Vec::with_capacity(state.regions.len());
     for r in &state.regions {
-        if !is_ram(&r.name) {
-            return Err(bad(
-                &dir,
-                format!(
-                    "region `{}` is not RAM; this densevm restores RAM-only layouts",
-                    r.name
-                ),
-            ));
-        }
         specs.push(RegionSpec {
             name: r.name.clone(),
             gpa: r.gpa,
@@ -117,7 +110,21 @@ pub fn build_restored(
         what: "eventfd",
         source,
     })?;
-    let devices = DeviceManager::restore(&vm, console, serial_irq, state.irqchip, &state.serial)?;
+    if state.linux {
+        vm.fd()
+            .register_irqfd(&serial_irq, densevm_devices::legacy::COM1_GSI)
+            .map_err(|source| {
+                VmmError::Vm(crate::vstate::vm::VmError::Kvm {
+                    what: "KVM_IRQFD (serial)",
+                    source,
+                })
+            })?;
+    }
+    let serial_evt = serial_irq.try_clone().map_err(|source| VmmError::Host {
+        what: "eventfd clone",
+        source,
+    })?;
+    let devices = DeviceManager::restore(&vm, console, serial_evt, state.linux, &state.legacy)?;
     persist::restore_vm(vm.fd(), &state.vm).map_err(|e| bad(&dir, e))?;
     let cpus = state.vcpus.len() as u32;
     let mut vcpus = Vec::with_capacity(state.vcpus.len());
@@ -126,6 +133,7 @@ pub fn build_restored(
         persist::restore_vcpu(&fd, saved).map_err(|e| bad(&dir, format!("vCPU {i}: {e}")))?;
         vcpus.push(Vcpu::new(i, fd));
     }
+    drop(serial_irq);
     trace.mark("vm_ready");
     let ram = RamFile {
         file: Some(file),
@@ -140,7 +148,7 @@ pub fn build_restored(
         crate::builder::Extras {
             timeout,
             report_memory,
-            linux: false,
+            linux: state.linux,
             ram,
             memory_bytes: state.memory_bytes,
         },
