@@ -6,7 +6,6 @@
 use crate::{DeviceQueue, Mem};
 use virtio_bindings::bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
 use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
-use virtio_queue::mock::MockSplitQueue;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::eventfd::EventFd;
@@ -33,16 +32,19 @@ pub struct MockQueue {
 const DATA_START: u64 = 0x10_0000;
 
 impl MockQueue {
-    /// A queue of `size` entries with its rings at `base` in `mem`.
-    ///
-    /// The rings are laid out (and zeroed) once by `virtio-queue`'s `MockSplitQueue`; later
-    /// accesses go to the same addresses directly, since creating the mock again would
-    /// zero the ring indexes.
+    /// A queue of `size` entries with its rings at `base` in `mem`, zeroed: the descriptor
+    /// table, then the available ring, then the used ring (4-byte aligned), each with room
+    /// for its event field. (`virtio-queue` 0.18's `MockSplitQueue` places the used ring
+    /// `size` bytes after the available ring's entries instead of `2 * size + 2`, so it
+    /// overlaps their second half and `used_event`.)
     pub fn new(mem: Mem, base: u64, size: u16) -> Self {
-        let (desc, avail, used) = {
-            let mq = MockSplitQueue::create(&mem, GuestAddress(base), size);
-            (mq.desc_table_addr().0, mq.avail_addr().0, mq.used_addr().0)
-        };
+        let n = u64::from(size);
+        let desc = base;
+        let avail = desc + 16 * n;
+        let used = (avail + 6 + 2 * n).next_multiple_of(4);
+        let end = used + 6 + 8 * n;
+        mem.write_slice(&vec![0u8; (end - base) as usize], GuestAddress(base))
+            .expect("rings in memory");
         Self {
             mem,
             base: GuestAddress(base),
@@ -53,6 +55,12 @@ impl MockQueue {
             next_desc: 0,
             next_data: DATA_START + base,
         }
+    }
+
+    /// Sets `used_event` (`VIRTIO_RING_F_EVENT_IDX`): the driver wants an interrupt once the
+    /// used index passes `idx`.
+    pub fn set_used_event(&self, idx: u16) {
+        self.set_u16(self.avail + 4 + 2 * u64::from(self.size), idx);
     }
 
     fn u16_at(&self, addr: u64) -> u16 {
