@@ -73,13 +73,16 @@ pub struct CommonCfg {
     pub device_features: u64,
     /// Features the driver accepted.
     pub driver_features: u64,
-    device_feature_select: u32,
-    driver_feature_select: u32,
+    pub(super) device_feature_select: u32,
+    pub(super) driver_feature_select: u32,
     /// Device status.
     pub status: u8,
     /// MSI-X vector for configuration changes.
     pub msix_config: u16,
-    queue_select: u16,
+    /// Configuration generation: densevm's device configurations never change under the
+    /// driver, so it stays what power-on (or a snapshot) set.
+    pub(super) config_generation: u8,
+    pub(super) queue_select: u16,
     /// Every queue.
     pub queues: Vec<QueueConfig>,
 }
@@ -94,6 +97,7 @@ impl CommonCfg {
             driver_feature_select: 0,
             status: 0,
             msix_config: NO_VECTOR,
+            config_generation: 0,
             queue_select: 0,
             queues: queue_max_sizes
                 .iter()
@@ -133,7 +137,7 @@ impl CommonCfg {
             0x10 => u64::from(self.msix_config),
             0x12 => self.queues.len() as u64,
             0x14 => u64::from(self.status),
-            0x15 => 0, // config_generation: the configuration never changes under the driver
+            0x15 => u64::from(self.config_generation),
             0x16 => u64::from(self.queue_select),
             // An unknown queue reads as size 0 (it does not exist).
             0x18 => q.map_or(0, |q| u64::from(q.size)),

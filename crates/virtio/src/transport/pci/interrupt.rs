@@ -3,7 +3,7 @@
 
 use super::common_cfg::{status, NO_VECTOR};
 use crate::Interrupt;
-use densevm_devices::pci::Msix;
+use densevm_devices::pci::{Msix, MsixState, PciStateError};
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU8, Ordering};
 use std::sync::Mutex;
 
@@ -82,6 +82,27 @@ impl PciInterrupt {
 
     pub(super) fn read_msix_pba(&self, offset: u64, data: &mut [u8]) {
         self.msix().read_pba(offset, data);
+    }
+
+    /// The ISR byte (not cleared) and whether the device needs a reset.
+    pub(super) fn save_isr(&self) -> (u8, bool) {
+        (
+            self.isr.load(Ordering::Acquire),
+            self.needs_reset.load(Ordering::Acquire),
+        )
+    }
+
+    pub(super) fn restore_isr(&self, isr: u8, needs_reset: bool) {
+        self.isr.store(isr, Ordering::Release);
+        self.needs_reset.store(needs_reset, Ordering::Release);
+    }
+
+    pub(super) fn save_msix(&self) -> MsixState {
+        self.msix().save_state()
+    }
+
+    pub(super) fn restore_msix(&self, state: &MsixState) -> Result<(), PciStateError> {
+        self.msix().restore_state(state)
     }
 
     fn raise(&self, vector: u16, isr: u8) {

@@ -3,14 +3,22 @@
 //! and pending bits. Queue notifications reach the device as eventfd signals (KVM ioeventfds
 //! at [`VirtioPci::notify_addresses`], or this transport when a write exits to it); its
 //! interrupts leave through [`PciInterrupt`] as MSI-X vectors.
+//!
+//! Snapshots (`state.rs`): [`VirtioPci::save_state`] quiesces the device and captures the
+//! function ([`VirtioPciState`]), [`VirtioPci::resume`] lets the source go on, and
+//! [`VirtioPci::restore`] builds a function from a saved state without a reset.
 
 mod common_cfg;
 mod interrupt;
+mod state;
+#[cfg(test)]
+mod state_tests;
 #[cfg(test)]
 mod tests;
 
 pub use common_cfg::{status, Action, CommonCfg, QueueConfig, NO_VECTOR};
 pub use interrupt::PciInterrupt;
+pub use state::{CommonCfgState, QueueState, VirtioPciState};
 
 use crate::{features, DeviceQueue, Mem, VirtioDevice};
 use densevm_devices::pci::{
@@ -19,6 +27,7 @@ use densevm_devices::pci::{
 use densevm_devices::{BusDevice, GuestRequest};
 use std::sync::Arc;
 use virtio_queue::{Queue, QueueT};
+use vm_memory::GuestAddress;
 use vmm_sys_util::eventfd::EventFd;
 
 /// Red Hat's virtio vendor ID.
@@ -65,6 +74,26 @@ fn virtio_cap(cfg_type: u8, offset: u64, length: u64, extra: Option<u32>) -> Vec
         b.extend_from_slice(&x.to_le_bytes());
     }
     b
+}
+
+/// The device side of a queue as the driver programmed it (or a snapshot restored it). An
+/// enabled queue's size must be valid and its rings aligned; a disabled one is never served.
+fn build_queue(qc: &QueueConfig, event_idx: bool) -> Result<Queue, virtio_queue::Error> {
+    let mut q = Queue::new(qc.max_size)?;
+    if qc.enabled {
+        q.try_set_size(qc.size)?;
+        q.try_set_desc_table_address(GuestAddress(qc.desc))?;
+        q.try_set_avail_ring_address(GuestAddress(qc.avail))?;
+        q.try_set_used_ring_address(GuestAddress(qc.used))?;
+    } else {
+        q.set_size(qc.size);
+        q.set_desc_table_address(Some(qc.desc as u32), Some((qc.desc >> 32) as u32));
+        q.set_avail_ring_address(Some(qc.avail as u32), Some((qc.avail >> 32) as u32));
+        q.set_used_ring_address(Some(qc.used as u32), Some((qc.used >> 32) as u32));
+    }
+    q.set_event_idx(event_idx);
+    q.set_ready(qc.enabled);
+    Ok(q)
 }
 
 impl VirtioPci {
@@ -199,19 +228,16 @@ impl VirtioPci {
         let event_idx = self.common.driver_features & features::RING_EVENT_IDX != 0;
         let mut queues = Vec::new();
         for (i, qc) in self.common.queues.iter().enumerate() {
-            let mut q = match Queue::new(qc.max_size) {
+            let q = match build_queue(qc, event_idx) {
                 Ok(q) => q,
                 Err(e) => {
-                    tracing::error!("virtio: queue {i}: {e:?}");
+                    tracing::warn!(
+                        "virtio device type {}: queue {i}: {e}; the device needs a reset",
+                        self.device.device_type()
+                    );
                     return self.interrupt.fail();
                 }
             };
-            q.set_size(qc.size);
-            q.set_desc_table_address(Some(qc.desc as u32), Some((qc.desc >> 32) as u32));
-            q.set_avail_ring_address(Some(qc.avail as u32), Some((qc.avail >> 32) as u32));
-            q.set_used_ring_address(Some(qc.used as u32), Some((qc.used >> 32) as u32));
-            q.set_event_idx(event_idx);
-            q.set_ready(qc.enabled);
             if qc.enabled && !q.is_valid(&self.mem) {
                 tracing::warn!(
                     "virtio device type {}: queue {i} rings are outside guest memory or misaligned; the device needs a reset",
