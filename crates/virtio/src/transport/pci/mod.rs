@@ -6,7 +6,8 @@
 //!
 //! Snapshots (`state.rs`): [`VirtioPci::save_state`] quiesces the device and captures the
 //! function ([`VirtioPciState`]), [`VirtioPci::resume`] lets the source go on, and
-//! [`VirtioPci::restore`] builds a function from a saved state without a reset.
+//! [`VirtioPci::restore`] builds a function from a saved state without a reset, which
+//! serves from [`VirtioPci::resume`] on.
 
 mod common_cfg;
 mod interrupt;
@@ -62,6 +63,9 @@ pub struct VirtioPci {
     interrupt: Arc<PciInterrupt>,
     mem: Mem,
     bar: u64,
+    /// Restored from a snapshot with the device running: its queues, activated by
+    /// [`VirtioPci::resume`].
+    restored: Option<Vec<QueueState>>,
 }
 
 /// Builds a `virtio_pci_cap` body (everything after the ID and next bytes).
@@ -163,6 +167,7 @@ impl VirtioPci {
             interrupt,
             mem,
             bar: u64::from(bar),
+            restored: None,
         })
     }
 
@@ -202,6 +207,7 @@ impl VirtioPci {
     }
 
     fn reset(&mut self) {
+        self.restored = None;
         self.device.reset();
         self.common.reset();
         self.interrupt.reset();

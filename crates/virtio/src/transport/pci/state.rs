@@ -6,8 +6,11 @@
 //! on after [`VirtioPci::resume`].
 //!
 //! [`VirtioPci::restore`] builds the function as [`VirtioPci::new`] does, checks the state
-//! against it (it comes from a file), applies it and, when the driver had the device running,
-//! activates the device with the saved rings and positions: the driver never sees a reset.
+//! against it (it comes from a file) and applies it. Like a saved function it is quiesced:
+//! [`VirtioPci::resume`] activates a device the driver had running, with the saved rings and
+//! positions (the driver never sees a reset). The VMM calls it once the vCPUs' and the
+//! irqchip's state are back, so that no interrupt the device raises at once (for requests
+//! the driver made available just before the snapshot) is overwritten by `KVM_SET_LAPIC`.
 
 use super::{build_queue, status, QueueConfig, VirtioPci, NO_VECTOR};
 use crate::state::{device_name, StateError};
@@ -96,7 +99,17 @@ impl VirtioPci {
     /// The device stays quiesced: call [`resume`](Self::resume) for the VM to go on. On an
     /// error nothing stays quiesced.
     pub fn save_state(&mut self) -> Result<VirtioPciState, StateError> {
-        let positions = self.device.quiesce()?;
+        let positions = match &self.restored {
+            // Restored and not resumed yet: the positions are the restored ones.
+            Some(queues) => queues
+                .iter()
+                .map(|q| crate::QueuePosition {
+                    next_avail: q.next_avail,
+                    next_used: q.next_used,
+                })
+                .collect(),
+            None => self.device.quiesce()?,
+        };
         let state = self.capture(&positions);
         if state.is_err() {
             let _ = self.device.resume();
@@ -104,9 +117,17 @@ impl VirtioPci {
         state
     }
 
-    /// Serves again after [`save_state`](Self::save_state) (the source VM continues).
+    /// Serves again: after [`save_state`](Self::save_state) (the source VM continues), or for
+    /// the first time after [`restore`](Self::restore) (the device is activated with the
+    /// saved queues). Nothing to do otherwise. A restored device that cannot start also
+    /// asks the driver for a reset (`DEVICE_NEEDS_RESET`).
     pub fn resume(&mut self) -> Result<(), StateError> {
-        self.device.resume()
+        match self.restored.take() {
+            Some(queues) => self.activate_restored(&queues).inspect_err(|_| {
+                self.interrupt.fail();
+            }),
+            None => self.device.resume(),
+        }
     }
 
     fn capture(&self, positions: &[crate::QueuePosition]) -> Result<VirtioPciState, StateError> {
@@ -166,9 +187,10 @@ impl VirtioPci {
 
     /// Builds the function as [`new`](Self::new) does and applies `state` to it: registers,
     /// configuration space, MSI-X table (every programmed vector routed again through
-    /// `routes`), ISR, the device's own state; a device the driver had running is activated
-    /// with the saved rings and positions. The state is checked first: a state that does not
-    /// fit this device or is inconsistent is an error, never a panic.
+    /// `routes`), ISR, the device's own state. The function is quiesced: a device the driver
+    /// had running starts serving, with the saved rings and positions, at
+    /// [`resume`](Self::resume). The state is checked first: a state that does not fit this
+    /// device or is inconsistent is an error, never a panic.
     pub fn restore(
         device: Box<dyn VirtioDevice>,
         mem: Mem,
@@ -214,7 +236,7 @@ impl VirtioPci {
         t.interrupt.restore_isr(state.isr, state.needs_reset);
         t.sync_vectors();
         if activate {
-            t.activate_restored(&s.queues)?;
+            t.restored = Some(s.queues.clone());
         }
         Ok(t)
     }

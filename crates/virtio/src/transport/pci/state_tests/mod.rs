@@ -358,20 +358,20 @@ fn inconsistent_states_are_refused_each_with_its_error() {
     s.needs_reset = true;
     s.common.queues[0].desc = 1 << 40;
     let mut f = restored(Box::new(Rng::new()), mem, &s).unwrap();
+    f.dev.resume().unwrap();
     assert!(!f.dev.is_active());
     assert_ne!(f.r8(0x14) & status::DEVICE_NEEDS_RESET, 0);
     f.w(0x14, &[0]);
     assert_eq!(f.r8(0x14), 0, "the driver's reset clears it");
     let mut s = good.clone();
     s.common.status &= !status::DRIVER_OK;
-    assert!(!restored(Box::new(Rng::new()), mem, &s)
-        .unwrap()
-        .dev
-        .is_active());
-    assert!(restored(Box::new(Rng::new()), mem, &good)
-        .unwrap()
-        .dev
-        .is_active());
+    let mut f = restored(Box::new(Rng::new()), mem, &s).unwrap();
+    f.dev.resume().unwrap();
+    assert!(!f.dev.is_active());
+    let mut f = restored(Box::new(Rng::new()), mem, &good).unwrap();
+    assert!(!f.dev.is_active(), "quiesced until resumed");
+    f.dev.resume().unwrap();
+    assert!(f.dev.is_active());
 }
 
 #[test]

@@ -117,7 +117,6 @@ fn blk_continues_on_a_restored_function_and_on_the_source() {
     assert_eq!(mq.used().len(), 4, "a quiesced device serves nothing");
 
     let mut b = restored(open(&disk), &mq.mem, &state).unwrap();
-    assert!(b.dev.is_active());
     let ok = status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK | status::DRIVER_OK;
     assert_eq!(b.r8(0x14), ok, "no reset seen by the driver");
     assert_eq!(
@@ -125,6 +124,12 @@ fn blk_continues_on_a_restored_function_and_on_the_source() {
         [(0, msg(0)), (1, msg(1))],
         "both vectors routed again, at the new VM's GSIs"
     );
+    b.notify();
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(mq.used().len(), 4, "nothing served before resume");
+    assert!(!b.queue_interrupt());
+    b.dev.resume().unwrap();
+    assert!(b.dev.is_active());
     completed(&mq, 5, &[&r8]);
     assert_eq!(mq.read(r8.data.unwrap(), SECTOR), sector_data(2));
     assert!(wait_for(|| b.queue_interrupt()), "on the saved vector 1");
@@ -171,6 +176,12 @@ fn blk_continues_on_a_restored_function_and_on_the_source() {
 fn rng_continues_on_a_restored_function() {
     let (state, mut mq) = saved_rng();
     let mut b = restored(Box::new(Rng::new()), &mq.mem, &state).unwrap();
+    assert_eq!(
+        b.dev.save_state().unwrap(),
+        state,
+        "a restored function, saved before it ran, saves what it was restored from"
+    );
+    b.dev.resume().unwrap();
     assert!(b.dev.is_active());
     // EVENT_IDX: the driver asks for an interrupt after the next used entry.
     mq.set_used_event(1);
