@@ -407,3 +407,76 @@ fn devices_without_save_are_refused_and_keep_serving() {
     let e = f.dev.save_state().unwrap_err();
     assert!(e.to_string().contains("without --pmem"), "{e}");
 }
+
+/// Leaves of a JSON value, as JSON pointers.
+fn leaves(v: &serde_json::Value, at: String, out: &mut Vec<String>) {
+    match v {
+        serde_json::Value::Object(m) => m
+            .iter()
+            .for_each(|(k, v)| leaves(v, format!("{at}/{k}"), out)),
+        serde_json::Value::Array(a) => {
+            out.push(at.clone()); // the array itself: shortened or lengthened
+            a.iter()
+                .enumerate()
+                .for_each(|(i, v)| leaves(v, format!("{at}/{i}"), out));
+        }
+        _ => out.push(at),
+    }
+}
+
+#[test]
+fn damaged_states_never_panic() {
+    let (good, mq) = saved_rng();
+    let good = serde_json::to_value(&good).unwrap();
+    let mut paths = Vec::new();
+    leaves(&good, String::new(), &mut paths);
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let (mut restored_ok, mut refused) = (0, 0);
+    for _ in 0..400 {
+        let mut v = good.clone();
+        for _ in 0..1 + next() % 3 {
+            let path = &paths[(next() % paths.len() as u64) as usize];
+            let Some(leaf) = v.pointer_mut(path) else {
+                continue;
+            };
+            let r = next();
+            *leaf = match leaf {
+                serde_json::Value::Array(a) if r % 2 == 0 => {
+                    a.truncate(a.len().saturating_sub(1));
+                    continue;
+                }
+                serde_json::Value::Array(a) => {
+                    let last = a.last().cloned().unwrap_or_default();
+                    a.push(last);
+                    continue;
+                }
+                serde_json::Value::Bool(b) => (!*b).into(),
+                _ => [0, 1, 0xff, 0xffff, 1 << 32, r >> (r % 64)][(r % 6) as usize].into(),
+            };
+        }
+        let Ok(state) = serde_json::from_value::<VirtioPciState>(v) else {
+            refused += 1;
+            continue;
+        };
+        match restored(Box::new(Rng::new()), &mq.mem, &state) {
+            Ok(mut f) => {
+                restored_ok += 1;
+                let _ = f.dev.resume();
+            }
+            Err(e) => {
+                refused += 1;
+                assert!(!e.to_string().is_empty());
+            }
+        }
+    }
+    assert!(
+        restored_ok > 0 && refused > 0,
+        "{restored_ok} restored, {refused} refused"
+    );
+}
