@@ -30,6 +30,8 @@ enum Command {
     Kernel(cmd::kernel::KernelArgs),
     /// Control a running VM through its API socket: info, pause, resume, snapshot, clone.
     Vm(cmd::vm::VmArgs),
+    /// Type into a VM's serial console (its --console-sock) and wait for its answer.
+    Console(cmd::console::ConsoleArgs),
 }
 
 static PROCESS_START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
@@ -55,6 +57,7 @@ fn main() {
         Command::NineP(args) => cmd::ninep::main(args),
         Command::Kernel(args) => cmd::kernel::main(args),
         Command::Vm(args) => cmd::vm::main(args),
+        Command::Console(args) => cmd::console::main(args),
     };
     match result {
         Ok(code) => std::process::exit(code),
