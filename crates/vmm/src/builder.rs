@@ -278,6 +278,7 @@ pub fn build(config: VmConfig) -> Result<Vmm, VmmError> {
             linux,
             ram,
             memory_bytes: config.memory_bytes,
+            device_specs: config.device_specs,
         },
     );
     vmm.readonly_slots = readonly_slots;
@@ -292,6 +293,7 @@ pub(crate) struct Extras {
     pub linux: bool,
     pub ram: RamFile,
     pub memory_bytes: u64,
+    pub device_specs: serde_json::Value,
 }
 
 /// Assembles a [`Vmm`] from its built parts (a fresh boot or a restore).
@@ -326,6 +328,7 @@ pub(crate) fn finish(
         linux: extras.linux,
         ram: extras.ram,
         memory_bytes: extras.memory_bytes,
+        device_specs: extras.device_specs,
         paused: false,
         events_tx,
         events_rx: Some(events_rx),

@@ -103,4 +103,7 @@ pub struct VmConfig {
     pub merge: MergePolicy,
     /// Virtio devices (Linux guests): each becomes a virtio-pci function on bus 0.
     pub devices: Vec<Box<dyn VirtioDevice>>,
+    /// How the caller opened `devices` (opaque to the VMM): saved in snapshots and given
+    /// back at restore, so the caller can open the same devices again.
+    pub device_specs: serde_json::Value,
 }

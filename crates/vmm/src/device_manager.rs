@@ -7,9 +7,10 @@ use crate::vmm::VmmError;
 use crate::vstate::irq_routes::{IrqRoutes, IOAPIC_PINS};
 use crate::vstate::vm::{Vm, VmError};
 use densevm_devices::legacy::{self, AcpiPm, Cmos, DebugPort, Serial, I8042};
+use densevm_devices::pci::PciRootState;
 use densevm_devices::pci::{MsixVector, PciRoot, PCI_CONFIG_BASE, PCI_CONFIG_LEN};
 use densevm_devices::Bus;
-use densevm_virtio::transport::pci::{VirtioPci, BAR_SIZE};
+use densevm_virtio::transport::pci::{VirtioPci, VirtioPciState, BAR_SIZE};
 use densevm_virtio::{Mem, VirtioDevice};
 use kvm_ioctls::{IoEventAddress, NoDatamatch};
 use std::io::Write;
@@ -159,6 +160,73 @@ impl DeviceManager {
         mem: &Mem,
         device: Box<dyn VirtioDevice>,
     ) -> Result<(), VmmError> {
+        self.add_function(vm, mem, device, None)
+    }
+
+    /// Adds `device` as a virtio-pci function in a saved state (a restored VM; functions are
+    /// added in the saved order, so each gets its saved slot and BAR). It starts serving at
+    /// [`resume_virtio`](Self::resume_virtio).
+    pub fn add_virtio_restored(
+        &mut self,
+        vm: &Vm,
+        mem: &Mem,
+        device: Box<dyn VirtioDevice>,
+        state: &VirtioPciState,
+    ) -> Result<(), VmmError> {
+        self.add_function(vm, mem, device, Some(state))
+    }
+
+    /// The PCI root's and every virtio function's state. Each function's device is left
+    /// quiesced (its worker parked): call [`resume_virtio`](Self::resume_virtio) after. On
+    /// an error every function serves again.
+    pub fn save_pci(&self) -> Result<(Option<PciRootState>, Vec<VirtioPciState>), String> {
+        let mut states = Vec::with_capacity(self.virtio.len());
+        for t in &self.virtio {
+            match t.lock().unwrap_or_else(|p| p.into_inner()).save_state() {
+                Ok(state) => states.push(state),
+                Err(e) => {
+                    self.resume_virtio();
+                    return Err(e.to_string());
+                }
+            }
+        }
+        let root = self
+            .pci
+            .as_ref()
+            .map(|r| r.lock().unwrap_or_else(|p| p.into_inner()).save_state());
+        Ok((root, states))
+    }
+
+    /// Lets every virtio function serve (after a save, or the first time after a restore).
+    pub fn resume_virtio(&self) {
+        for t in &self.virtio {
+            if let Err(e) = t.lock().unwrap_or_else(|p| p.into_inner()).resume() {
+                tracing::error!("virtio device cannot serve again: {e}");
+            }
+        }
+    }
+
+    /// Applies the PCI root's saved state (after every function was added).
+    pub fn restore_pci_root(&self, state: &PciRootState) -> Result<(), VmmError> {
+        match &self.pci {
+            Some(root) => root
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .restore_state(state)
+                .map_err(|e| VmmError::Config(format!("PCI state: {e}"))),
+            None => Err(VmmError::Config(
+                "the snapshot has PCI state but the VM has no PCI bus".into(),
+            )),
+        }
+    }
+
+    fn add_function(
+        &mut self,
+        vm: &Vm,
+        mem: &Mem,
+        device: Box<dyn VirtioDevice>,
+        state: Option<&VirtioPciState>,
+    ) -> Result<(), VmmError> {
         let (Some(pci), Some(routes)) = (&self.pci, &self.routes) else {
             return Err(VmmError::Config(
                 "virtio devices need a Linux guest (--kernel); the probe guest has no PCI".into(),
@@ -180,8 +248,14 @@ impl DeviceManager {
             vectors.push(MsixVector { gsi, trigger });
         }
         let bar = self.next_bar;
-        let transport = VirtioPci::new(device, mem.clone(), bar, vectors, routes.clone())
-            .map_err(host_err("virtio queue eventfds"))?;
+        let transport = match state {
+            None => VirtioPci::new(device, mem.clone(), bar, vectors, routes.clone())
+                .map_err(host_err("virtio queue eventfds"))?,
+            Some(state) => {
+                VirtioPci::restore(device, mem.clone(), bar, vectors, routes.clone(), state)
+                    .map_err(|e| VmmError::Config(format!("snapshot: {e}")))?
+            }
+        };
         for (addr, event) in transport.notify_addresses() {
             vm.fd()
                 .register_ioevent(event, &IoEventAddress::Mmio(addr), NoDatamatch)

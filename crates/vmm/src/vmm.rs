@@ -154,6 +154,8 @@ pub struct Vmm {
     pub(crate) ram: RamFile,
     /// Guest RAM in bytes.
     pub(crate) memory_bytes: u64,
+    /// How the caller opened the virtio devices (saved in snapshots).
+    pub(crate) device_specs: serde_json::Value,
     /// Paused by a control request (as opposed to a slot refresh).
     pub(crate) paused: bool,
     pub(crate) events_tx: Sender<LoopEvent>,

@@ -11,7 +11,7 @@ use std::collections::HashSet;
 use std::path::PathBuf;
 
 /// `--disk PATH[,readonly][,format=raw|pcow]`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct DiskSpec {
     /// Image file.
     pub path: PathBuf,
@@ -23,7 +23,7 @@ pub struct DiskSpec {
 }
 
 /// `--share HOSTDIR,tag=TAG[,readonly][,uid-map=G:H[:N]][,gid-map=G:H[:N]]`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ShareSpec {
     /// Host directory exported.
     pub dir: PathBuf,
@@ -132,6 +132,47 @@ pub fn check_unique(disks: &[DiskSpec], shares: &[ShareSpec]) -> anyhow::Result<
 
 /// Checks the options together and opens every device, so that a missing file, a
 /// directory given as a disk or a duplicate tag stops densevm before the VM exists.
+/// The virtio devices of a VM as the command line gave them, saved in its snapshots so a
+/// restore opens the same ones in the same order (absolute paths).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DeviceSpecs {
+    /// `--disk`, in order.
+    pub disks: Vec<DiskSpec>,
+    /// `--share`, in order.
+    pub shares: Vec<ShareSpec>,
+    /// `--rng`.
+    pub rng: bool,
+}
+
+impl DeviceSpecs {
+    /// The specs with every path made absolute.
+    pub fn absolute(disks: &[DiskSpec], shares: &[ShareSpec], rng: bool) -> Self {
+        let abs = |p: &PathBuf| std::path::absolute(p).unwrap_or_else(|_| p.clone());
+        DeviceSpecs {
+            disks: disks
+                .iter()
+                .map(|d| DiskSpec {
+                    path: abs(&d.path),
+                    ..d.clone()
+                })
+                .collect(),
+            shares: shares
+                .iter()
+                .map(|s| ShareSpec {
+                    dir: abs(&s.dir),
+                    ..s.clone()
+                })
+                .collect(),
+            rng,
+        }
+    }
+
+    /// Opens the devices.
+    pub fn open(&self) -> anyhow::Result<Vec<Box<dyn VirtioDevice>>> {
+        open_devices(&self.disks, &self.shares, self.rng)
+    }
+}
+
 pub fn open_devices(
     disks: &[DiskSpec],
     shares: &[ShareSpec],

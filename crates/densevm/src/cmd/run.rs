@@ -226,7 +226,8 @@ pub fn main(args: RunArgs) -> anyhow::Result<i32> {
     if args.kernel.is_none() && (!args.disk.is_empty() || !args.share.is_empty() || args.rng) {
         bail!("--disk, --share and --rng are virtio devices for a Linux guest: add --kernel FILE");
     }
-    let devices = crate::cmd::devices::open_devices(&args.disk, &args.share, args.rng)?;
+    let specs = crate::cmd::devices::DeviceSpecs::absolute(&args.disk, &args.share, args.rng);
+    let devices = specs.open()?;
     let pmem = PmemRegions::open(&args.pmem)?;
     let config = VmConfig {
         memory_bytes: args.memory,
@@ -239,10 +240,11 @@ pub fn main(args: RunArgs) -> anyhow::Result<i32> {
         external_regions: pmem.external_regions(),
         merge: args.merge.into(),
         devices,
+        device_specs: serde_json::to_value(&specs)?,
     };
     let started = Instant::now();
     let vmm = densevm_vmm::builder::build(config).context("could not start the VM")?;
-    let outcome = run_with_api(&args, vmm)?;
+    let outcome = run_with_api(&args, vmm, &specs)?;
     pmem.flush()?;
     tracing::debug!("VM ran for {:?}", started.elapsed());
     if args.trace {
@@ -272,14 +274,23 @@ pub fn main(args: RunArgs) -> anyhow::Result<i32> {
 
 /// The `--pmem` images of a run: the mapped regions.
 /// Runs `vmm` to its end, serving its API socket meanwhile when `--api-sock` asks for it.
-fn run_with_api(args: &RunArgs, vmm: Vmm) -> anyhow::Result<RunOutcome> {
+fn run_with_api(
+    args: &RunArgs,
+    vmm: Vmm,
+    specs: &crate::cmd::devices::DeviceSpecs,
+) -> anyhow::Result<RunOutcome> {
     let server = match &args.api_sock {
         Some(path) => {
             let id = args
                 .id
                 .clone()
                 .unwrap_or_else(|| format!("densevm-{}", std::process::id()));
-            Some(crate::cmd::vm_api::serve(path, id, vmm.handle())?)
+            Some(crate::cmd::vm_api::serve(
+                path,
+                id,
+                vmm.handle(),
+                specs.clone(),
+            )?)
         }
         None => None,
     };
@@ -306,18 +317,30 @@ fn restore_main(args: RunArgs, origin: Instant) -> anyhow::Result<i32> {
         Box::new(std::io::stdout())
     };
     let timeout = args.timeout.map(Duration::from_secs_f64);
+    let state = densevm_vmm::snapshot::restore::read_snapshot(&dir)
+        .with_context(|| format!("could not restore the VM from {}", dir.display()))?;
+    let specs: crate::cmd::devices::DeviceSpecs = if state.device_specs.is_null() {
+        Default::default()
+    } else {
+        serde_json::from_value(state.device_specs.clone())
+            .with_context(|| format!("snapshot {}: its device list", dir.display()))?
+    };
+    let devices = specs
+        .open()
+        .with_context(|| format!("snapshot {}: cannot open its devices again", dir.display()))?;
     let vmm = densevm_vmm::build_restored(
         densevm_vmm::RestoreSource {
             dir: dir.clone(),
             ram,
         },
+        devices,
         console,
         timeout,
         origin,
         args.report || args.json,
     )
     .with_context(|| format!("could not restore the VM from {}", dir.display()))?;
-    let outcome = run_with_api(&args, vmm)?;
+    let outcome = run_with_api(&args, vmm, &specs)?;
     if args.json {
         print_json(&json!({
             "exit_code": outcome.end.exit_code(),

@@ -24,7 +24,12 @@ fn error_response(e: ControlError) -> ApiResponse {
 }
 
 /// Serves `handle` on `path` until the returned handle is shut down.
-pub fn serve(path: &Path, id: String, handle: VmmHandle) -> anyhow::Result<ApiServerHandle> {
+pub fn serve(
+    path: &Path,
+    id: String,
+    handle: VmmHandle,
+    specs: crate::cmd::devices::DeviceSpecs,
+) -> anyhow::Result<ApiServerHandle> {
     let server = ApiServer::bind(path)?;
     let handler = move |request: ApiRequest| -> ApiResponse {
         match request {
@@ -65,6 +70,15 @@ pub fn serve(path: &Path, id: String, handle: VmmHandle) -> anyhow::Result<ApiSe
                 }
             }
             ApiRequest::CreateClones(req) => {
+                if let Some(d) = specs.disks.iter().find(|d| !d.readonly) {
+                    return ApiResponse::error(
+                        400,
+                        format!(
+                            "clones of a VM with a writable --disk ({}) are not supported yet: every clone would write into the parent's image. Attach the disk with ,readonly, or take a snapshot instead",
+                            d.path.display()
+                        ),
+                    );
+                }
                 let dir = PathBuf::from(&req.snapshot_path);
                 match handle.template(dir.clone()) {
                     Ok(template) => match spawn_clones(&dir, req.count, Some(&template.ram)) {

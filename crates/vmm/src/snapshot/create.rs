@@ -119,6 +119,7 @@ impl Vmm {
         let was_paused = self.paused;
         self.user_pause(threads)?;
         let result = work(self);
+        self.devices.resume_virtio();
         if !was_paused {
             self.paused = false;
             self.shared.pause.resume();
@@ -127,11 +128,6 @@ impl Vmm {
     }
 
     fn snapshot_supported(&self) -> Result<(), ControlError> {
-        if !self.devices.virtio.is_empty() {
-            return Err(ControlError::Unsupported(
-                "snapshots of VMs with virtio devices (--disk, --share, --rng, --pmem) are not supported yet: their device state is not saved so far".into(),
-            ));
-        }
         if self
             .memory
             .regions()
@@ -148,6 +144,9 @@ impl Vmm {
 
     /// Saves the state of every vCPU (on their own threads), the VM and the UART.
     fn capture_state(&mut self) -> Result<SnapshotState, ControlError> {
+        // Devices first: once quiesced they complete nothing more, so no interrupt can reach
+        // the irqchip after it is saved. They stay quiesced until `with_pause` resumes them.
+        let (pci, virtio) = self.devices.save_pci().map_err(ControlError::Unsupported)?;
         let kvm = Arc::new(kvm_ioctls::Kvm::new().map_err(|e| {
             ControlError::Failed(format!("cannot open /dev/kvm for the MSR list: {e}"))
         })?);
@@ -187,6 +186,9 @@ impl Vmm {
             vm,
             vcpus,
             legacy,
+            pci,
+            virtio,
+            device_specs: self.device_specs.clone(),
         })
     }
 

@@ -11,8 +11,9 @@
 //!
 //! What is saved: every vCPU ([`crate::persist::VcpuState`]), the in-kernel irqchip, PIT
 //! and clock ([`crate::persist::VmState`]), the UART and CMOS, and the memory layout with
-//! every region's contents (RAM and the boot-image windows). VMs with virtio devices or
-//! `--pmem` regions are refused for now (see docs/snapshots.md).
+//! every region's contents (RAM and the boot-image windows), the PCI root and every
+//! virtio-pci function (transport, queues, MSI-X, device state: blk and rng; 9p and pmem
+//! refuse). VMs with `--pmem` regions are refused for now (see docs/snapshots.md).
 
 pub mod create;
 pub mod ram;
@@ -20,6 +21,8 @@ pub mod restore;
 
 use crate::device_manager::LegacyState;
 use crate::persist::{HostCpu, VcpuState, VmState};
+use densevm_devices::pci::PciRootState;
+use densevm_virtio::transport::pci::VirtioPciState;
 use serde::{Deserialize, Serialize};
 
 /// The state file's name inside a snapshot directory.
@@ -59,4 +62,10 @@ pub struct SnapshotState {
     pub vcpus: Vec<VcpuState>,
     /// COM1 and, for Linux, the CMOS.
     pub legacy: LegacyState,
+    /// The PCI root (Linux guests).
+    pub pci: Option<PciRootState>,
+    /// Every virtio-pci function, in bus order.
+    pub virtio: Vec<VirtioPciState>,
+    /// How the VMM's caller opened the virtio devices (`VmConfig::device_specs`).
+    pub device_specs: serde_json::Value,
 }

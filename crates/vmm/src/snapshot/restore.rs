@@ -56,6 +56,7 @@ pub fn read_snapshot(dir: &Path) -> Result<SnapshotState, VmmError> {
 /// when run.
 pub fn build_restored(
     source: RestoreSource,
+    devices: Vec<Box<dyn densevm_virtio::VirtioDevice>>,
     console: Box<dyn Write + Send>,
     timeout: Option<Duration>,
     origin: Instant,
@@ -124,7 +125,23 @@ pub fn build_restored(
         what: "eventfd clone",
         source,
     })?;
-    let devices = DeviceManager::restore(&vm, console, serial_evt, state.linux, &state.legacy)?;
+    let mut manager = DeviceManager::restore(&vm, console, serial_evt, state.linux, &state.legacy)?;
+    if devices.len() != state.virtio.len() {
+        return Err(bad(
+            &dir,
+            format!(
+                "it saved {} virtio devices but {} were opened for it",
+                state.virtio.len(),
+                devices.len()
+            ),
+        ));
+    }
+    for (device, saved) in devices.into_iter().zip(&state.virtio) {
+        manager.add_virtio_restored(&vm, memory.mem(), device, saved)?;
+    }
+    if let Some(pci) = &state.pci {
+        manager.restore_pci_root(pci)?;
+    }
     persist::restore_vm(vm.fd(), &state.vm).map_err(|e| bad(&dir, e))?;
     let cpus = state.vcpus.len() as u32;
     let mut vcpus = Vec::with_capacity(state.vcpus.len());
@@ -134,6 +151,8 @@ pub fn build_restored(
         vcpus.push(Vcpu::new(i, fd));
     }
     drop(serial_irq);
+    // Devices serve from here: the irqchip and vCPUs that take their interrupts are back.
+    manager.resume_virtio();
     trace.mark("vm_ready");
     let ram = RamFile {
         file: Some(file),
@@ -143,7 +162,7 @@ pub fn build_restored(
         vm,
         memory,
         vcpus,
-        devices,
+        manager,
         trace,
         crate::builder::Extras {
             timeout,
@@ -151,6 +170,7 @@ pub fn build_restored(
             linux: state.linux,
             ram,
             memory_bytes: state.memory_bytes,
+            device_specs: state.device_specs.clone(),
         },
     ))
 }
