@@ -70,6 +70,10 @@ pub enum ControlError {
 
 type Reply<T> = SyncSender<Result<T, ControlError>>;
 
+/// Work done while a template's VM is still paused with its devices quiesced, after its
+/// state is written; an error fails the template.
+pub type TemplateHook = Box<dyn FnOnce() -> Result<(), String> + Send>;
+
 /// A control request with its reply channel.
 pub enum ControlRequest {
     /// Park every vCPU.
@@ -80,8 +84,9 @@ pub enum ControlRequest {
     State(Reply<RunState>),
     /// Write a full snapshot (state + memory file) into a directory.
     Snapshot(PathBuf, Reply<SnapshotInfo>),
-    /// Write the state into a directory and freeze the RAM file as a clone template.
-    Template(PathBuf, Reply<Template>),
+    /// Write the state into a directory and freeze the RAM file as a clone template; the
+    /// hook runs before the devices and vCPUs go on (e.g. to move disks onto overlays).
+    Template(PathBuf, TemplateHook, Reply<Template>),
 }
 
 /// A cloneable handle on a VM's control loop.
@@ -135,8 +140,9 @@ impl VmmHandle {
         self.call(|r| ControlRequest::Snapshot(dir, r), SLOW)
     }
 
-    /// Writes the state into `dir` and freezes the VM's RAM file as a clone template.
-    pub fn template(&self, dir: PathBuf) -> Result<Template, ControlError> {
-        self.call(|r| ControlRequest::Template(dir, r), SLOW)
+    /// Writes the state into `dir` and freezes the VM's RAM file as a clone template;
+    /// `hook` runs before the VM goes on.
+    pub fn template(&self, dir: PathBuf, hook: TemplateHook) -> Result<Template, ControlError> {
+        self.call(|r| ControlRequest::Template(dir, hook, r), SLOW)
     }
 }

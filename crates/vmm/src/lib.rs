@@ -17,7 +17,7 @@ pub mod vstate;
 pub mod write_fault;
 
 pub use config::{place_external_regions, ExternalRegion, Payload, VmConfig};
-pub use control::{ControlError, RunState, SnapshotInfo, Template, VmmHandle};
+pub use control::{ControlError, RunState, SnapshotInfo, Template, TemplateHook, VmmHandle};
 pub use memory::MergePolicy;
 pub use snapshot::restore::{build_restored, RestoreSource};
 pub use vmm::{run_vm, RunOutcome, VmEnd, Vmm, VmmError};

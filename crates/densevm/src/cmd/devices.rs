@@ -167,8 +167,13 @@ impl DeviceSpecs {
         }
     }
 
-    /// Opens the devices.
-    pub fn open(&self) -> anyhow::Result<Vec<Box<dyn VirtioDevice>>> {
+    /// Opens the devices, with a storage handle for each disk (in `disks` order).
+    pub fn open(
+        &self,
+    ) -> anyhow::Result<(
+        Vec<Box<dyn VirtioDevice>>,
+        Vec<densevm_virtio::block::BackendHandle>,
+    )> {
         open_devices(&self.disks, &self.shares, self.rng)
     }
 }
@@ -177,9 +182,13 @@ pub fn open_devices(
     disks: &[DiskSpec],
     shares: &[ShareSpec],
     rng: bool,
-) -> anyhow::Result<Vec<Box<dyn VirtioDevice>>> {
+) -> anyhow::Result<(
+    Vec<Box<dyn VirtioDevice>>,
+    Vec<densevm_virtio::block::BackendHandle>,
+)> {
     check_unique(disks, shares)?;
     let mut devices: Vec<Box<dyn VirtioDevice>> = Vec::new();
+    let mut handles = Vec::new();
     for d in disks {
         let cfg = BlockConfig {
             path: d.path.clone(),
@@ -191,6 +200,7 @@ pub fn open_devices(
             },
         };
         let block = Block::open(cfg).with_context(|| format!("--disk {}", d.path.display()))?;
+        handles.push(block.backend_handle());
         devices.push(Box::new(block));
     }
     for s in shares {
@@ -204,7 +214,7 @@ pub fn open_devices(
     if rng {
         devices.push(Box::new(Rng::new()));
     }
-    Ok(devices)
+    Ok((devices, handles))
 }
 
 fn parse_map(specs: &[String], what: &str) -> anyhow::Result<IdMap> {

@@ -96,6 +96,9 @@ pub struct RunArgs {
     /// (clones) the template's RAM file is this inherited descriptor.
     #[arg(long, hide = true, requires = "restore")]
     pub ram_fd: Option<i32>,
+    /// (clones) this clone's index: its writable disks are DIR/diskN.clone-INDEX.pcow.
+    #[arg(long, hide = true, requires = "restore")]
+    pub clone_index: Option<u32>,
 }
 
 /// `--merge`: the command-line form of [`MergePolicy`].
@@ -227,7 +230,7 @@ pub fn main(args: RunArgs) -> anyhow::Result<i32> {
         bail!("--disk, --share and --rng are virtio devices for a Linux guest: add --kernel FILE");
     }
     let specs = crate::cmd::devices::DeviceSpecs::absolute(&args.disk, &args.share, args.rng);
-    let devices = specs.open()?;
+    let (devices, disk_handles) = specs.open()?;
     let pmem = PmemRegions::open(&args.pmem)?;
     let config = VmConfig {
         memory_bytes: args.memory,
@@ -244,7 +247,7 @@ pub fn main(args: RunArgs) -> anyhow::Result<i32> {
     };
     let started = Instant::now();
     let vmm = densevm_vmm::builder::build(config).context("could not start the VM")?;
-    let outcome = run_with_api(&args, vmm, &specs)?;
+    let outcome = run_with_api(&args, vmm, &specs, disk_handles)?;
     pmem.flush()?;
     tracing::debug!("VM ran for {:?}", started.elapsed());
     if args.trace {
@@ -278,6 +281,7 @@ fn run_with_api(
     args: &RunArgs,
     vmm: Vmm,
     specs: &crate::cmd::devices::DeviceSpecs,
+    disk_handles: Vec<densevm_virtio::block::BackendHandle>,
 ) -> anyhow::Result<RunOutcome> {
     let server = match &args.api_sock {
         Some(path) => {
@@ -290,6 +294,7 @@ fn run_with_api(
                 id,
                 vmm.handle(),
                 specs.clone(),
+                disk_handles,
             )?)
         }
         None => None,
@@ -319,13 +324,16 @@ fn restore_main(args: RunArgs, origin: Instant) -> anyhow::Result<i32> {
     let timeout = args.timeout.map(Duration::from_secs_f64);
     let state = densevm_vmm::snapshot::restore::read_snapshot(&dir)
         .with_context(|| format!("could not restore the VM from {}", dir.display()))?;
-    let specs: crate::cmd::devices::DeviceSpecs = if state.device_specs.is_null() {
+    let mut specs: crate::cmd::devices::DeviceSpecs = if state.device_specs.is_null() {
         Default::default()
     } else {
         serde_json::from_value(state.device_specs.clone())
             .with_context(|| format!("snapshot {}: its device list", dir.display()))?
     };
-    let devices = specs
+    if let Some(index) = args.clone_index {
+        crate::cmd::vm_api::use_clone_overlays(&mut specs, &dir, index);
+    }
+    let (devices, disk_handles) = specs
         .open()
         .with_context(|| format!("snapshot {}: cannot open its devices again", dir.display()))?;
     let vmm = densevm_vmm::build_restored(
@@ -340,7 +348,7 @@ fn restore_main(args: RunArgs, origin: Instant) -> anyhow::Result<i32> {
         args.report || args.json,
     )
     .with_context(|| format!("could not restore the VM from {}", dir.display()))?;
-    let outcome = run_with_api(&args, vmm, &specs)?;
+    let outcome = run_with_api(&args, vmm, &specs, disk_handles)?;
     if args.json {
         print_json(&json!({
             "exit_code": outcome.end.exit_code(),

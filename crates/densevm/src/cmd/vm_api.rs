@@ -6,11 +6,13 @@ use densevm_api::server::{ApiResponse, ApiServer, ApiServerHandle};
 use densevm_api::types::{
     CloneInfo, CloneList, InstanceInfo, InstanceState, SnapshotType, VmState,
 };
-use densevm_vmm::{ControlError, RunState, VmmHandle};
+use densevm_virtio::block::{open_pcow, BackendHandle};
+use densevm_vmm::{ControlError, RunState, TemplateHook, VmmHandle};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 fn error_response(e: ControlError) -> ApiResponse {
@@ -29,8 +31,13 @@ pub fn serve(
     id: String,
     handle: VmmHandle,
     specs: crate::cmd::devices::DeviceSpecs,
+    disk_handles: Vec<BackendHandle>,
 ) -> anyhow::Result<ApiServerHandle> {
     let server = ApiServer::bind(path)?;
+    // Where each writable disk's top image is now (it moves to an overlay at every clone).
+    let tops: Arc<Mutex<Vec<PathBuf>>> = Arc::new(Mutex::new(
+        specs.disks.iter().map(|d| d.path.clone()).collect(),
+    ));
     let handler = move |request: ApiRequest| -> ApiResponse {
         match request {
             ApiRequest::GetInfo => match handle.state() {
@@ -70,17 +77,24 @@ pub fn serve(
                 }
             }
             ApiRequest::CreateClones(req) => {
-                if let Some(d) = specs.disks.iter().find(|d| !d.readonly) {
+                if let Some(d) = specs.disks.iter().find(|d| !d.readonly && !d.pcow) {
                     return ApiResponse::error(
                         400,
                         format!(
-                            "clones of a VM with a writable --disk ({}) are not supported yet: every clone would write into the parent's image. Attach the disk with ,readonly, or take a snapshot instead",
+                            "clones of a VM with a writable raw --disk ({}) are not supported: each clone gets a copy-on-write pcow overlay of its disks, which needs a pcow image (`densevm image convert -f raw -O pcow`), or attach the disk with ,readonly",
                             d.path.display()
                         ),
                     );
                 }
                 let dir = PathBuf::from(&req.snapshot_path);
-                match handle.template(dir.clone()) {
+                let hook = overlay_hook(
+                    dir.clone(),
+                    req.count,
+                    &specs,
+                    disk_handles.clone(),
+                    tops.clone(),
+                );
+                match handle.template(dir.clone(), hook) {
                     Ok(template) => match spawn_clones(&dir, req.count, Some(&template.ram)) {
                         Ok(clones) => ApiResponse::ok(&CloneList { clones }),
                         Err(e) => ApiResponse::error(500, format!("{e:#}")),
@@ -91,6 +105,68 @@ pub fn serve(
         }
     };
     Ok(server.spawn(Box::new(handler))?)
+}
+
+fn overlay_path(dir: &Path, disk: usize, who: &str) -> PathBuf {
+    dir.join(format!("disk{disk}.{who}.pcow"))
+}
+
+/// Creates a pcow overlay at `path` over `base` (same size and cluster size).
+fn create_overlay(path: &Path, base: &Path) -> Result<(), String> {
+    let chain = pcow::Chain::open(base, pcow::OpenOptions::default())
+        .map_err(|e| format!("disk {}: {e}", base.display()))?;
+    let opts = pcow::CreateOptions {
+        virtual_size: chain.virtual_size(),
+        cluster_size: chain.cluster_size(),
+        backing: Some(base.display().to_string()),
+    };
+    drop(chain);
+    pcow::create_file(path, &opts).map_err(|e| format!("overlay {}: {e}", path.display()))
+}
+
+/// The work done while the VM is paused for a clone template: every writable disk's top
+/// image is frozen as the base of one overlay per clone and of a new overlay the parent
+/// goes on in (its device is moved onto it, the device being quiesced).
+fn overlay_hook(
+    dir: PathBuf,
+    count: u32,
+    specs: &crate::cmd::devices::DeviceSpecs,
+    handles: Vec<BackendHandle>,
+    tops: Arc<Mutex<Vec<PathBuf>>>,
+) -> TemplateHook {
+    let writable: Vec<usize> = specs
+        .disks
+        .iter()
+        .enumerate()
+        .filter(|(_, d)| !d.readonly)
+        .map(|(i, _)| i)
+        .collect();
+    Box::new(move || {
+        let mut tops = tops.lock().unwrap_or_else(|p| p.into_inner());
+        for &n in &writable {
+            let base = tops[n].clone();
+            for k in 0..count {
+                create_overlay(&overlay_path(&dir, n, &format!("clone-{k}")), &base)?;
+            }
+            let parent = overlay_path(&dir, n, "parent");
+            create_overlay(&parent, &base)?;
+            let backend = open_pcow(&parent, true).map_err(|e| e.to_string())?;
+            handles[n].replace(backend).map_err(|e| e.to_string())?;
+            tops[n] = parent;
+        }
+        Ok(())
+    })
+}
+
+/// A clone's writable disks are its own overlays in the template directory.
+pub fn use_clone_overlays(specs: &mut crate::cmd::devices::DeviceSpecs, dir: &Path, index: u32) {
+    for (n, d) in specs.disks.iter_mut().enumerate() {
+        let overlay = overlay_path(dir, n, &format!("clone-{index}"));
+        if !d.readonly && overlay.exists() {
+            d.path = overlay;
+            d.pcow = true;
+        }
+    }
 }
 
 /// Starts `count` `densevm run --restore DIR` processes, each with its API socket and
@@ -122,6 +198,8 @@ pub fn spawn_clones(
             .arg(&sock)
             .arg("--id")
             .arg(format!("clone-{index}"))
+            .arg("--clone-index")
+            .arg(index.to_string())
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err);

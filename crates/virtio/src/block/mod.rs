@@ -136,6 +136,17 @@ pub enum BlockError {
         /// What pcow said.
         source: pcow::PcowError,
     },
+    /// A replacement storage does not have the disk's size.
+    #[error("the new disk image holds {to} bytes, the disk has {from}: an overlay must keep its base's size")]
+    Resize {
+        /// The disk's size.
+        from: u64,
+        /// The replacement's size.
+        to: u64,
+    },
+    /// Flushing the storage being replaced failed.
+    #[error("cannot flush the disk before moving it to an overlay: {0}")]
+    Flush(std::io::Error),
 }
 
 /// A virtio-blk device.
@@ -158,7 +169,49 @@ fn open_error_is_readonly(e: &std::io::Error) -> bool {
     )
 }
 
+/// A handle on a disk device's storage, kept by whoever opened it: it can move the device
+/// onto another image while the device is quiesced (a clone template freezes the image
+/// and the VM goes on in a copy-on-write overlay over it).
+#[derive(Clone)]
+pub struct BackendHandle(Arc<Mutex<Box<dyn Backend>>>);
+
+impl BackendHandle {
+    /// Flushes the current storage and replaces it with `backend`, which must present the
+    /// same size. Call only while the device is quiesced (no request in flight).
+    pub fn replace(&self, backend: Box<dyn Backend>) -> Result<(), BlockError> {
+        let mut current = lock(&self.0);
+        if backend.size() != current.size() {
+            return Err(BlockError::Resize {
+                from: current.size(),
+                to: backend.size(),
+            });
+        }
+        current.flush().map_err(BlockError::Flush)?;
+        *current = backend;
+        Ok(())
+    }
+}
+
+/// Opens a pcow image (its chain) as a disk backend.
+pub fn open_pcow(path: &std::path::Path, writable: bool) -> Result<Box<dyn Backend>, BlockError> {
+    let opts = pcow::OpenOptions {
+        writable,
+        ..Default::default()
+    };
+    pcow::Chain::open(path, opts)
+        .map(|chain| Box::new(PcowDisk::new(chain)) as Box<dyn Backend>)
+        .map_err(|source| BlockError::Pcow {
+            path: path.to_path_buf(),
+            source,
+        })
+}
+
 impl Block {
+    /// A handle on this device's storage (see [`BackendHandle`]).
+    pub fn backend_handle(&self) -> BackendHandle {
+        BackendHandle(self.backend.clone())
+    }
+
     /// Opens the disk `cfg` describes.
     pub fn open(cfg: BlockConfig) -> Result<Block, BlockError> {
         let path = cfg.path;

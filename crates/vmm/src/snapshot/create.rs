@@ -76,8 +76,8 @@ impl Vmm {
             ControlRequest::Snapshot(dir, reply) => {
                 let _ = reply.send(self.with_pause(threads, |vmm| vmm.full_snapshot(&dir)));
             }
-            ControlRequest::Template(dir, reply) => {
-                let _ = reply.send(self.with_pause(threads, |vmm| vmm.template(&dir)));
+            ControlRequest::Template(dir, hook, reply) => {
+                let _ = reply.send(self.with_pause(threads, |vmm| vmm.template(&dir, hook)));
             }
         }
     }
@@ -218,7 +218,11 @@ impl Vmm {
     /// Freezes the RAM file as a clone template. A VM whose RAM is its own shared file
     /// costs nothing here; one whose RAM is anonymous or private over an earlier template
     /// first gets a new RAM file with its current contents (O(RAM), once).
-    fn template(&mut self, dir: &Path) -> Result<Template, ControlError> {
+    fn template(
+        &mut self,
+        dir: &Path,
+        hook: crate::control::TemplateHook,
+    ) -> Result<Template, ControlError> {
         let t0 = Instant::now();
         prepare_dir(dir)?;
         let state = self.capture_state()?;
@@ -242,6 +246,7 @@ impl Vmm {
         self.ram.file = Some(file.clone());
         self.ram.shared = false;
         Self::write_state_file(dir, &state)?;
+        hook().map_err(ControlError::Failed)?;
         let ram = file
             .as_fd()
             .try_clone_to_owned()
