@@ -132,6 +132,12 @@ pub fn check_unique(disks: &[DiskSpec], shares: &[ShareSpec]) -> anyhow::Result<
 
 /// Checks the options together and opens every device, so that a missing file, a
 /// directory given as a disk or a duplicate tag stops densevm before the VM exists.
+/// Opened devices, with a storage handle for each disk (in `--disk` order).
+pub type OpenDevices = (
+    Vec<Box<dyn VirtioDevice>>,
+    Vec<densevm_virtio::block::BackendHandle>,
+);
+
 /// The virtio devices of a VM as the command line gave them, saved in its snapshots so a
 /// restore opens the same ones in the same order (absolute paths).
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -168,12 +174,7 @@ impl DeviceSpecs {
     }
 
     /// Opens the devices, with a storage handle for each disk (in `disks` order).
-    pub fn open(
-        &self,
-    ) -> anyhow::Result<(
-        Vec<Box<dyn VirtioDevice>>,
-        Vec<densevm_virtio::block::BackendHandle>,
-    )> {
+    pub fn open(&self) -> anyhow::Result<OpenDevices> {
         open_devices(&self.disks, &self.shares, self.rng)
     }
 }
@@ -182,10 +183,7 @@ pub fn open_devices(
     disks: &[DiskSpec],
     shares: &[ShareSpec],
     rng: bool,
-) -> anyhow::Result<(
-    Vec<Box<dyn VirtioDevice>>,
-    Vec<densevm_virtio::block::BackendHandle>,
-)> {
+) -> anyhow::Result<OpenDevices> {
     check_unique(disks, shares)?;
     let mut devices: Vec<Box<dyn VirtioDevice>> = Vec::new();
     let mut handles = Vec::new();
