@@ -46,6 +46,23 @@ pub enum VmGenIdError {
     /// The ID's page is not in guest memory.
     #[error("cannot write the VM generation ID at {VMGENID_ADDR:#x}: {0}")]
     GuestMemory(#[from] vm_memory::GuestMemoryError),
+    /// KVM_IRQ_LINE failed (no in-kernel irqchip?).
+    #[error("cannot raise the VM generation ID notification (GSI {GED_GSI}): {0}")]
+    Notify(#[source] std::io::Error),
+}
+
+impl From<VmGenIdError> for crate::VmmError {
+    fn from(e: VmGenIdError) -> Self {
+        let (what, source) = match e {
+            VmGenIdError::Random(source) => ("getrandom (VM generation ID)", source),
+            VmGenIdError::GuestMemory(e) => (
+                "writing the VM generation ID into guest memory",
+                std::io::Error::other(e),
+            ),
+            VmGenIdError::Notify(source) => ("KVM_IRQ_LINE (VM generation ID)", source),
+        };
+        crate::VmmError::Host { what, source }
+    }
 }
 
 /// 16 bytes from the host's entropy pool (getrandom(2), retried on EINTR).
@@ -70,12 +87,21 @@ pub fn fresh_id() -> Result<[u8; VMGENID_LEN], VmGenIdError> {
 }
 
 /// Writes a fresh random generation ID into guest memory at [`VMGENID_ADDR`] and returns
-/// it. Call it for Linux guests only (probe guests use that memory for themselves): once
-/// at boot, next to the ACPI tables, and on every restore or clone before its vCPUs run,
-/// followed by [`notify_guest`] once they do.
+/// it. For Linux guests only (probe guests use that memory for themselves): at boot, next
+/// to the ACPI tables. A restore or clone calls [`new_instance`] instead.
 pub fn write_new_id(mem: &GuestMemoryMmap) -> Result<[u8; VMGENID_LEN], VmGenIdError> {
     let id = fresh_id()?;
     mem.write_slice(&id, GuestAddress(VMGENID_ADDR))?;
+    Ok(id)
+}
+
+/// A restored VM or a clone is a new instance: writes a fresh ID and raises the GED
+/// interrupt ([`notify_guest`]), so the guest reseeds its RNG when it runs. Call it for a
+/// restored Linux guest once the in-kernel irqchip and every vCPU's state (its LAPIC) are
+/// restored, before or after the vCPU threads start.
+pub fn new_instance(mem: &GuestMemoryMmap, vm: &VmFd) -> Result<[u8; VMGENID_LEN], VmGenIdError> {
+    let id = write_new_id(mem)?;
+    notify_guest(vm).map_err(VmGenIdError::Notify)?;
     Ok(id)
 }
 
@@ -88,9 +114,10 @@ pub fn read_id(mem: &GuestMemoryMmap) -> Result<[u8; VMGENID_LEN], VmGenIdError>
 
 /// Tells the guest the generation ID changed: pulses [`GED_GSI`] (KVM_IRQ_LINE high, then
 /// low) on the in-kernel IOAPIC, so the GED's `_EVT` runs `Notify(\_SB_.VGEN, 0x80)`. The
-/// VM must have an in-kernel irqchip and its interrupt controller state must be final (the
-/// irqchip and every vCPU's LAPIC restored), or the edge is lost: call it once the vCPUs
-/// run. Safe from any thread; a guest that has not bound the GED yet ignores the pulse.
+/// VM must have an in-kernel irqchip whose state is final (KVM_SET_IRQCHIP and every
+/// vCPU's KVM_SET_LAPIC done), or the interrupt is overwritten: it then waits in the
+/// LAPIC until the vCPU runs. Safe from any thread; a guest that has not bound the GED
+/// (its IOAPIC pin still masked) loses the edge, and reads the ID when it binds.
 pub fn notify_guest(vm: &VmFd) -> std::io::Result<()> {
     let line = |level| {
         vm.set_irq_line(GED_GSI, level)
@@ -265,6 +292,14 @@ mod tests {
         let vm = kvm.create_vm().unwrap();
         vm.create_irq_chip().unwrap();
         notify_guest(&vm).unwrap();
-        notify_guest(&vm).unwrap();
+        let mem = mem();
+        let id = new_instance(&mem, &vm).unwrap();
+        assert_eq!(read_id(&mem).unwrap(), id);
+        // Without an irqchip there is no line to raise.
+        let bare = kvm.create_vm().unwrap();
+        assert!(matches!(
+            new_instance(&mem, &bare),
+            Err(VmGenIdError::Notify(_))
+        ));
     }
 }
