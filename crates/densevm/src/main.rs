@@ -20,7 +20,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Create a VM and run it to completion.
-    Run(cmd::run::RunArgs),
+    Run(Box<cmd::run::RunArgs>),
     /// Create, inspect and modify pcow images (qemu-img-like verbs).
     Image(cmd::image::ImageArgs),
     /// Serve a host directory over 9P2000.L.
@@ -52,7 +52,7 @@ fn main() {
         .with_writer(std::io::stderr)
         .init();
     let result = match cli.command {
-        Command::Run(args) => cmd::run::main(args),
+        Command::Run(args) => cmd::run::main(*args),
         Command::Image(args) => cmd::image::main(args),
         Command::NineP(args) => cmd::ninep::main(args),
         Command::Kernel(args) => cmd::kernel::main(args),

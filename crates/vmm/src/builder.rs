@@ -246,13 +246,11 @@ pub fn build(config: VmConfig) -> Result<Vmm, VmmError> {
                     source,
                 })?;
             }
-            Box::new(linux::write_boot_data(
-                memory.mem(),
-                plan,
-                cmdline,
-                config.cpus,
-                HIGH_RAM_START,
-            )?)
+            let entry =
+                linux::write_boot_data(memory.mem(), plan, cmdline, config.cpus, HIGH_RAM_START)?;
+            crate::arch::vmgenid::write_new_id(memory.mem())
+                .map_err(|e| VmmError::Config(e.to_string()))?;
+            Box::new(entry)
         }
         (Payload::Linux { .. }, None) => unreachable!("a Linux payload always has a plan"),
     };
@@ -329,6 +327,7 @@ pub(crate) fn finish(
         ram: extras.ram,
         memory_bytes: extras.memory_bytes,
         device_specs: extras.device_specs,
+        notify_vmgenid: false,
         paused: false,
         events_tx,
         events_rx: Some(events_rx),

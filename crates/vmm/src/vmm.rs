@@ -156,6 +156,8 @@ pub struct Vmm {
     pub(crate) memory_bytes: u64,
     /// How the caller opened the virtio devices (saved in snapshots).
     pub(crate) device_specs: serde_json::Value,
+    /// A restored Linux guest got a new VM generation ID: tell it once its vCPUs run.
+    pub(crate) notify_vmgenid: bool,
     /// Paused by a control request (as opposed to a slot refresh).
     pub(crate) paused: bool,
     pub(crate) events_tx: Sender<LoopEvent>,
@@ -168,6 +170,11 @@ pub fn run_vm(config: VmConfig) -> Result<RunOutcome, VmmError> {
 }
 
 impl Vmm {
+    /// COM1, e.g. to feed it console input (`Serial::enqueue_input`).
+    pub fn serial(&self) -> Arc<std::sync::Mutex<densevm_devices::legacy::Serial>> {
+        self.devices.serial.clone()
+    }
+
     /// A handle through which other threads (the API server) control this VM.
     pub fn handle(&self) -> VmmHandle {
         VmmHandle::new(self.events_tx.clone())
@@ -192,6 +199,12 @@ impl Vmm {
     /// Runs the VM until it ends, then stops every vCPU and device.
     pub fn run(mut self) -> Result<RunOutcome, VmmError> {
         let threads = self.spawn_vcpus()?;
+        if self.notify_vmgenid {
+            // The irqchip and LAPICs are restored: the GED's edge reaches the guest.
+            if let Err(e) = crate::arch::vmgenid::notify_guest(self.vm.fd()) {
+                tracing::warn!("cannot tell the guest its VM generation ID changed: {e}");
+            }
+        }
         let rx = self
             .events_rx
             .take()

@@ -66,7 +66,6 @@ pub fn serve_console_socket(
 /// (`Serial::enqueue_input` does: at most what its FIFO has room for); the rest is offered
 /// again every 2 ms until taken, so no byte is lost while the guest is slow to read. The
 /// client is not read meanwhile: it waits on the socket's buffer.
-#[allow(dead_code)] // until `densevm run --console-sock` calls it
 pub fn serve_console_socket_paced(
     path: &Path,
     input: impl FnMut(&[u8]) -> usize + Send + 'static,

@@ -86,6 +86,10 @@ pub struct RunArgs {
     /// POST /clones) on this unix socket.
     #[arg(long, value_name = "PATH")]
     pub api_sock: Option<std::path::PathBuf>,
+    /// Take console input (the guest's COM1) from clients of this unix socket, e.g.
+    /// `densevm console --sock PATH --send 'ls\n'`.
+    #[arg(long, value_name = "PATH")]
+    pub console_sock: Option<std::path::PathBuf>,
     /// The VM's id (GET / reports it; default: densevm-PID).
     #[arg(long)]
     pub id: Option<String>,
@@ -299,7 +303,23 @@ fn run_with_api(
         }
         None => None,
     };
+    let console = match &args.console_sock {
+        Some(path) => {
+            let serial = vmm.serial();
+            Some(
+                crate::cmd::console::serve_console_socket_paced(path, move |bytes: &[u8]| {
+                    serial
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .enqueue_input(bytes)
+                })
+                .with_context(|| format!("--console-sock {}", path.display()))?,
+            )
+        }
+        None => None,
+    };
     let outcome = vmm.run().context("the VM failed");
+    drop(console);
     if let Some(server) = server {
         server.shutdown();
     }

@@ -188,6 +188,7 @@ pub fn spawn_clones(
         let index = existing + i;
         let sock = dir.join(format!("clone-{index}.sock"));
         let console = dir.join(format!("clone-{index}.console"));
+        let console_sock = dir.join(format!("clone-{index}.console.sock"));
         let out = std::fs::File::create(&console)?;
         let err = out.try_clone()?;
         let mut cmd = Command::new(&exe);
@@ -200,6 +201,8 @@ pub fn spawn_clones(
             .arg(format!("clone-{index}"))
             .arg("--clone-index")
             .arg(index.to_string())
+            .arg("--console-sock")
+            .arg(&console_sock)
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err);
@@ -207,13 +210,20 @@ pub fn spawn_clones(
         if raw.is_some() {
             cmd.arg("--ram-fd").arg("3");
         }
-        // SAFETY: between fork and exec only async-signal-safe calls: dup2 gives the
-        // child the template as descriptor 3 (without CLOEXEC), setsid detaches it from
+        // SAFETY: between fork and exec only async-signal-safe calls: dup2 (or fcntl when
+        // the template already is descriptor 3) gives the child the template as
+        // descriptor 3 without CLOEXEC, setsid detaches it from
         // the parent's session so the clone outlives a terminal hangup.
         unsafe {
             cmd.pre_exec(move || {
                 if let Some(raw) = raw {
-                    if libc::dup2(raw, 3) < 0 {
+                    // dup2 onto itself keeps FD_CLOEXEC: clear it instead.
+                    let rc = if raw == 3 {
+                        libc::fcntl(3, libc::F_SETFD, 0)
+                    } else {
+                        libc::dup2(raw, 3)
+                    };
+                    if rc < 0 {
                         return Err(std::io::Error::last_os_error());
                     }
                 }

@@ -150,6 +150,11 @@ pub fn build_restored(
         persist::restore_vcpu(&fd, saved).map_err(|e| bad(&dir, format!("vCPU {i}: {e}")))?;
         vcpus.push(Vcpu::new(i, fd));
     }
+    if state.linux {
+        // A restored or cloned guest is a new instance: a new VM generation ID (Linux
+        // reseeds its RNG when told, see Vmm::run).
+        crate::arch::vmgenid::write_new_id(memory.mem()).map_err(|e| bad(&dir, e))?;
+    }
     drop(serial_irq);
     // Devices serve from here: the irqchip and vCPUs that take their interrupts are back.
     manager.resume_virtio();
@@ -158,7 +163,7 @@ pub fn build_restored(
         file: Some(file),
         shared: false,
     };
-    Ok(finish(
+    let mut vmm = finish(
         vm,
         memory,
         vcpus,
@@ -172,5 +177,7 @@ pub fn build_restored(
             memory_bytes: state.memory_bytes,
             device_specs: state.device_specs.clone(),
         },
-    ))
+    );
+    vmm.notify_vmgenid = state.linux;
+    Ok(vmm)
 }
