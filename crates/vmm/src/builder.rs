@@ -152,10 +152,7 @@ pub fn build(config: VmConfig) -> Result<Vmm, VmmError> {
     // Guest RAM lives in a memfd mapped shared, so that a clone template costs no copy
     // (snapshot::ram). `--merge all` keeps it anonymous: KSM merges anonymous pages only.
     let ram = if config.merge == crate::memory::MergePolicy::All {
-        RamFile {
-            file: None,
-            shared: false,
-        }
+        RamFile::new(None, false)
     } else {
         let end = specs.iter().map(|s| s.gpa + s.size).max().unwrap_or(0);
         let file = Arc::new(create_ram_file(end).map_err(|source| VmmError::Host {
@@ -163,10 +160,7 @@ pub fn build(config: VmConfig) -> Result<Vmm, VmmError> {
             source,
         })?);
         back_ram_with_file(&mut specs, &file, true);
-        RamFile {
-            file: Some(file),
-            shared: true,
-        }
+        RamFile::new(Some(file), true)
     };
     let memory = GuestMemory::new(specs)?;
     let merged = memory.advise_merge(config.merge)?;

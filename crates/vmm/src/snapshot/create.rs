@@ -1,6 +1,6 @@
 //! The control loop's side of pause, resume, snapshots and clone templates.
 
-use super::ram::{create_ram_file, remap, write_memory, write_windows};
+use super::ram::{create_ram_file, remap, write_memory, write_windows, RamFile};
 use super::{RegionRecord, SnapshotState, MEMORY_FILE, STATE_FILE};
 use crate::control::{ControlError, ControlRequest, RunState, SnapshotInfo, Template};
 use crate::memory::is_ram;
@@ -243,8 +243,7 @@ impl Vmm {
         for r in self.memory.regions().iter().filter(|r| is_ram(&r.name)) {
             remap(r, &file, false).map_err(failed("freezing guest RAM"))?;
         }
-        self.ram.file = Some(file.clone());
-        self.ram.shared = false;
+        self.ram = RamFile::new(Some(file.clone()), false);
         Self::write_state_file(dir, &state)?;
         hook().map_err(ControlError::Failed)?;
         let ram = file

@@ -177,6 +177,104 @@ pub struct RamFile {
     /// Whether the regions map it `MAP_SHARED` (the VM owns the file) or private (the
     /// file is a frozen template).
     pub shared: bool,
+    /// Guest ranges `(gpa, len)` discarded while mapped private over a template: they
+    /// read as zeros whatever the template holds there.
+    discarded: Vec<(u64, u64)>,
+}
+
+impl RamFile {
+    /// RAM in `file` (mapped shared or private), or anonymous RAM without one.
+    pub fn new(file: Option<std::sync::Arc<File>>, shared: bool) -> Self {
+        Self {
+            file,
+            shared,
+            discarded: Vec::new(),
+        }
+    }
+
+    /// Gives `[gpa, gpa + len)` of RAM region `region` back to the host, so the guest reads
+    /// zeros there from now on (a balloon or free-page report; page aligned). How depends
+    /// on the backing: a shared RAM file gets a hole punched (`MADV_REMOVE`); anonymous
+    /// RAM drops its pages (`MADV_DONTNEED`); RAM mapped private over a clone template must
+    /// not re-expose the template's bytes (`MADV_DONTNEED` would), so fresh anonymous
+    /// memory is mapped over the range and the range is remembered, so that snapshots and
+    /// templates write zeros there too.
+    pub fn discard(&mut self, region: &RegionInfo, gpa: u64, len: u64) -> io::Result<()> {
+        let inside = gpa >= region.gpa
+            && len > 0
+            && gpa
+                .checked_add(len)
+                .is_some_and(|end| end <= region.gpa + region.size);
+        if !is_ram(&region.name) || !inside || gpa % PAGE != 0 || len % PAGE != 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "cannot discard {gpa:#x}+{len:#x}: not page-aligned guest RAM inside region `{}`",
+                    region.name
+                ),
+            ));
+        }
+        let addr = (region.host_addr + (gpa - region.gpa)) as *mut libc::c_void;
+        // SAFETY: [addr, addr + len) lies inside the region's own live mapping (checked
+        // above). MADV_REMOVE / MADV_DONTNEED only drop pages (they read as zeros after),
+        // and the MAP_FIXED anonymous mapping replaces part of the region's mapping with
+        // zero-filled memory of the same protection: every pointer into it stays valid.
+        let rc = unsafe {
+            match (&self.file, self.shared) {
+                (Some(_), true) => libc::madvise(addr, len as usize, libc::MADV_REMOVE),
+                (None, _) => libc::madvise(addr, len as usize, libc::MADV_DONTNEED),
+                (Some(_), false) => {
+                    let p = libc::mmap(
+                        addr,
+                        len as usize,
+                        libc::PROT_READ | libc::PROT_WRITE,
+                        libc::MAP_FIXED
+                            | libc::MAP_PRIVATE
+                            | libc::MAP_ANONYMOUS
+                            | libc::MAP_NORESERVE,
+                        -1,
+                        0,
+                    );
+                    if p == libc::MAP_FAILED {
+                        -1
+                    } else {
+                        0
+                    }
+                }
+            }
+        };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if self.file.is_some() && !self.shared {
+            self.discarded.push((gpa, len));
+        }
+        Ok(())
+    }
+}
+
+/// Zeros `[off, off + len)` of `out` (a hole where the file system can punch one).
+fn zero_range(out: &File, off: u64, len: u64) -> io::Result<()> {
+    // SAFETY: fallocate on a descriptor `out` owns; punching a hole only changes the file.
+    let rc = unsafe {
+        libc::fallocate(
+            out.as_raw_fd(),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            off as libc::off_t,
+            len as libc::off_t,
+        )
+    };
+    if rc == 0 {
+        return Ok(());
+    }
+    let zeros = vec![0u8; 64 << 10];
+    let mut pos = off;
+    while pos < off + len {
+        let n = ((off + len - pos) as usize).min(zeros.len());
+        out.write_all_at(&zeros[..n], pos)?;
+        pos += n as u64;
+    }
+    Ok(())
 }
 
 /// Writes the content of every guest region except external ones (pmem) into `out` at
@@ -196,6 +294,15 @@ pub fn write_memory(regions: &[RegionInfo], ram: &RamFile, out: &File) -> io::Re
             Some(file) => {
                 written += copy_file_data(file, out, r.gpa, r.gpa + r.size)?;
                 if !ram.shared {
+                    // Discarded ranges read as zeros, not as the template: clear them,
+                    // then lay the pages written since on top.
+                    for &(gpa, len) in &ram.discarded {
+                        let from = gpa.max(r.gpa);
+                        let to = (gpa + len).min(r.gpa + r.size);
+                        if from < to {
+                            zero_range(out, from, to - from)?;
+                        }
+                    }
                     written += copy_pages(r, out, Pages::Private, false)?;
                 }
             }
@@ -267,10 +374,7 @@ mod tests {
 
         let dir = tempfile_dir();
         let out = rw_file(&dir.join("memory"));
-        let ram = RamFile {
-            file: Some(file.clone()),
-            shared: false,
-        };
+        let ram = RamFile::new(Some(file.clone()), false);
         write_memory(memory.regions(), &ram, &out).unwrap();
         let read = |off: u64| {
             let mut p = [0u8; 4096];
@@ -302,14 +406,109 @@ mod tests {
             .unwrap();
         let dir = tempfile_dir();
         let out = rw_file(&dir.join("memory"));
-        let ram = RamFile {
-            file: None,
-            shared: false,
-        };
+        let ram = RamFile::new(None, false);
         assert_eq!(write_memory(memory.regions(), &ram, &out).unwrap(), PAGE);
         let mut p = [0u8; 4096];
         out.read_exact_at(&mut p, 0x5000).unwrap();
         assert!(p.iter().all(|&b| b == 7));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// Discarded RAM reads as zeros under every backing and its host memory goes: a hole
+    /// in a shared RAM file, dropped anonymous pages, and over a template fresh zero
+    /// memory that snapshots also write as zeros (the template keeps its bytes); pages
+    /// written after the discard are kept. Bad ranges are refused.
+    #[test]
+    fn discarded_ram_reads_zero_under_every_backing() {
+        let size = 2 << 20;
+        let page = |mem: &vm_memory::GuestMemoryMmap, at: u64| {
+            let mut p = [0u8; 4096];
+            mem.read_slice(&mut p, GuestAddress(at)).unwrap();
+            p
+        };
+        // Shared RAM file.
+        let file = Arc::new(create_ram_file(size).unwrap());
+        let mut specs = layout(size);
+        back_ram_with_file(&mut specs, &file, true);
+        let memory = GuestMemory::new(specs).unwrap();
+        let r = memory.regions()[0].clone();
+        memory
+            .mem()
+            .write_slice(&[9u8; 8192], GuestAddress(0x4000))
+            .unwrap();
+        let mut ram = RamFile::new(Some(file.clone()), true);
+        ram.discard(&r, 0x4000, 8192).unwrap();
+        // (Reading a hole through a shared mapping allocates it again: check the file first.)
+        assert!(
+            data_ranges(&file, 0, size).unwrap().is_empty(),
+            "no hole punched"
+        );
+        assert!(is_zero(&page(memory.mem(), 0x5000)));
+
+        // Private over a template.
+        memory
+            .mem()
+            .write_slice(&[0xaa; 3 * 4096], GuestAddress(0x8000))
+            .unwrap();
+        remap(&r, &file, false).unwrap();
+        let mut ram = RamFile::new(Some(file.clone()), false);
+        memory
+            .mem()
+            .write_slice(&[0xcc; 4096], GuestAddress(0x9000))
+            .unwrap();
+        ram.discard(&r, 0x8000, 3 * 4096).unwrap();
+        for at in [0x8000, 0x9000, 0xa000] {
+            assert!(
+                is_zero(&page(memory.mem(), at)),
+                "{at:#x} not zero after discard"
+            );
+        }
+        memory
+            .mem()
+            .write_slice(&[0x77; 4096], GuestAddress(0xa000))
+            .unwrap();
+        let mut t = [0u8; 4096];
+        file.read_exact_at(&mut t, 0x8000).unwrap();
+        assert!(t.iter().all(|&b| b == 0xaa), "the template changed");
+        let dir = tempfile_dir();
+        let out = rw_file(&dir.join("memory"));
+        write_memory(memory.regions(), &ram, &out).unwrap();
+        let read = |off: u64| {
+            let mut p = [0u8; 4096];
+            out.read_exact_at(&mut p, off).unwrap();
+            p
+        };
+        assert!(
+            is_zero(&read(0x8000)) && is_zero(&read(0x9000)),
+            "snapshot shows the template"
+        );
+        assert!(
+            read(0xa000).iter().all(|&b| b == 0x77),
+            "a write after the discard is lost"
+        );
+
+        // Anonymous RAM.
+        let anon = GuestMemory::new(layout(size)).unwrap();
+        let ar = anon.regions()[0].clone();
+        anon.mem()
+            .write_slice(&[5u8; 4096], GuestAddress(0x3000))
+            .unwrap();
+        let mut ram = RamFile::new(None, false);
+        ram.discard(&ar, 0x3000, 4096).unwrap();
+        assert!(is_zero(&page(anon.mem(), 0x3000)));
+
+        // Refused: misaligned, empty, past the region.
+        for (gpa, len) in [
+            (0x3001, 4096),
+            (0x3000, 0),
+            (size - 4096, 8192),
+            (u64::MAX - 4095, 4096),
+        ] {
+            assert!(
+                ram.discard(&ar, gpa, len).is_err(),
+                "{gpa:#x}+{len:#x} accepted"
+            );
+        }
         std::fs::remove_dir_all(dir).unwrap();
     }
 

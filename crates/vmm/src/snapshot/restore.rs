@@ -159,10 +159,7 @@ pub fn build_restored(
     // Devices serve from here: the irqchip and vCPUs that take their interrupts are back.
     manager.resume_virtio();
     trace.mark("vm_ready");
-    let ram = RamFile {
-        file: Some(file),
-        shared: false,
-    };
+    let ram = RamFile::new(Some(file), false);
     let mut vmm = finish(
         vm,
         memory,
