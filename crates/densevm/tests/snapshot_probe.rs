@@ -48,7 +48,8 @@ fn start(dir: &Path, script: &str, console: &Path) -> (Child, PathBuf) {
     (child, sock)
 }
 
-/// Waits until `file` contains `text`.
+/// Waits until `file` contains `text` (at most 60 s: on a loaded PVM host the probe's
+/// 16 MiB write or sum alone take about 10 s).
 fn wait_for(file: &Path, text: &str) {
     let t0 = Instant::now();
     loop {
@@ -57,8 +58,8 @@ fn wait_for(file: &Path, text: &str) {
             return;
         }
         assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "no `{text}` in {} after 30 s:\n{got}",
+            t0.elapsed() < Duration::from_secs(60),
+            "no `{text}` in {} after 60 s:\n{got}",
             file.display()
         );
         std::thread::sleep(Duration::from_millis(10));
@@ -178,12 +179,15 @@ fn a_paused_probe_snapshot_restores_twice_and_continues_its_script() {
 
 /// Clones of a running probe (POST /clones): each clone finishes the script with the
 /// parent's memory, the parent keeps running, and the pages nobody wrote after the
-/// freeze exist once: a clone's guest-RAM PSS is well below its RSS.
+/// freeze exist once: a clone's guest-RAM PSS is well below its RSS. After the shared
+/// 16 MiB are summed, every VM fills 1 MiB inside them with its own byte (`fill-id`):
+/// each VM's checksum shows its own byte only, so no VM sees another's writes.
 #[test]
 fn clones_of_a_running_probe_share_unwritten_memory() {
     let tmp = TempDir::new("clone-probe");
     let console = tmp.0.join("parent.console");
-    let script = "write ram 8M 16M 0x33; sleep 2000; sum ram 8M 16M; sleep 3000; exit 3";
+    let script = "write ram 8M 16M 0x33; sleep 2000; sum ram 8M 16M; \
+                  fill-id ram 9M 1M; sum ram 9M 1M; sleep 3000; exit 3";
     let (mut parent, sock) = start(&tmp.0, script, &console);
     wait_for(&console, "sleep 2000 ms");
     let tpl = tmp.0.join("tpl");
@@ -201,12 +205,41 @@ fn clones_of_a_running_probe_share_unwritten_memory() {
     let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
     let clones = doc["clones"].as_array().unwrap();
     assert_eq!(clones.len(), 2, "{out}");
-    // Once every clone has read the 16 MiB (its sum is printed; it sleeps again), each
-    // maps them from the template: three processes (parent too) share each page.
+    // Every VM sums the shared 16 MiB before it writes into them: the same sum in all.
     let expect = sum_line("8M", "16M", 0x33, 16 << 20);
+    // (name, console, the byte its `fill-id` writes). The instance number the probe reads
+    // from port 0x505 comes from `densevm run --clone-index`: clone K (its `index` in the
+    // clone list) runs with instance K + 1, so it fills with K + 2; the parent keeps
+    // instance 0 and fills with 0x01.
+    let mut vms = vec![("parent".to_string(), console.clone(), 0x01u8)];
     for c in clones {
-        let console = PathBuf::from(c["console"].as_str().unwrap());
-        wait_for(&console, &expect);
+        let index = c["index"].as_u64().unwrap();
+        let instance = index + 1;
+        vms.push((
+            format!("clone {index} (instance {instance})"),
+            PathBuf::from(c["console"].as_str().unwrap()),
+            (instance + 1) as u8,
+        ));
+    }
+    // Once every clone has read the 16 MiB and filled its own 1 MiB (its sums are
+    // printed; it sleeps again), each maps the rest from the template: three processes
+    // (parent too) share each of those pages. The parent's console is checked once it
+    // has exited.
+    let own_sum = |name: &str, console: &Path, byte: u8| -> String {
+        let text = std::fs::read_to_string(console).unwrap();
+        assert!(text.contains(&expect), "{name}: {text}");
+        let own = sum_line("9M", "1M", byte, 1 << 20);
+        assert!(
+            text.contains(&format!("fill-id ram 9M 1M 0x{byte:02x}: ")) && text.contains(&own),
+            "{name} did not write its own byte {byte:#04x} (expected `{own}`; does \
+             `densevm run --clone-index K` give the debug port instance K + 1?):\n{text}"
+        );
+        own
+    };
+    let mut own_sums = Vec::new();
+    for (name, console, byte) in &vms[1..] {
+        wait_for(console, "sum ram 9M 1M = ");
+        own_sums.push(own_sum(name, console, *byte));
     }
     let mut ratios = Vec::new();
     for c in clones {
@@ -222,8 +255,11 @@ fn clones_of_a_running_probe_share_unwritten_memory() {
         assert!(*ratio < 0.6, "guest RAM PSS/RSS of the clones: {ratios:?}");
     }
     assert_eq!(parent.wait().unwrap().code(), Some(3));
-    let parent_out = std::fs::read_to_string(&console).unwrap();
-    assert!(parent_out.contains(&expect), "{parent_out}");
+    let (name, console, byte) = &vms[0];
+    own_sums.push(own_sum(name, console, *byte));
+    for (i, sum) in own_sums.iter().enumerate() {
+        assert!(!own_sums[..i].contains(sum), "equal sums: {own_sums:?}");
+    }
 }
 
 /// RSS and PSS (KiB) of the clone's guest-RAM mapping (the RAM file, mapped private).

@@ -18,6 +18,7 @@
 #define PORT_PROBE_FAULT    0x503       /* write: exception vector; VM ends with an error */
 #define PORT_SLEEP          0x504       /* write: sleep this many ms (byte, the VMM caps it) */
 #define SLEEP_SLICE_MS      100         /* the probe sleeps in writes of at most this */
+#define PORT_INSTANCE       0x505       /* read (32 bits): the VM's instance number (0 if unset) */
 
 #define MARK_PROBE_START    0x01
 #define MARK_PROBE_DONE     0x02
@@ -31,6 +32,7 @@
 #define OP_CRASH  7  /* a = crash kind */
 #define OP_RESET  8  /* i8042 reset: 0xfe to port 0x64 */
 #define OP_SLEEP  9  /* a = milliseconds: idle on the host (sleep port), not spinning */
+#define OP_FILL_ID 10 /* region, offset, len: fill with (instance + 1) & 0xff */
 
 #define CRASH_TRIPLE_FAULT 1  /* load an empty IDT and raise #UD */
 #define CRASH_MMIO_EXEC    2  /* jump to the end of `ram`: mapped, but no memory behind it */

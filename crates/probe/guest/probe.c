@@ -11,6 +11,11 @@
 #include "abi.h"
 
 static inline void outb(u32 port, u8 v) { __asm__ volatile("outb %0, %w1" ::"a"(v), "Nd"(port)); }
+static inline u32 inl(u32 port) {
+    u32 v;
+    __asm__ volatile("inl %w1, %0" : "=a"(v) : "Nd"(port));
+    return v;
+}
 static inline u64 rdtsc(void) {
     u32 lo, hi;
     __asm__ volatile("rdtsc" : "=a"(lo), "=d"(hi));
@@ -187,6 +192,14 @@ void probe_main(u64 cpu, struct probe_block *blk) {
             report_op("write", r->name, c->a, c->b);
             puts_raw(" 0x"); put_hex(c->c, 2); puts_raw(": "); put_dec(us_since(t0)); puts_raw(" us\n");
             break;
+        case OP_FILL_ID: {
+            /* Clones share memory and script; the instance port tells them apart. */
+            u8 byte = (u8)(inl(PORT_INSTANCE) + 1);
+            fill(p, c->b, byte);
+            report_op("fill-id", r->name, c->a, c->b);
+            puts_raw(" 0x"); put_hex(byte, 2); puts_raw(": "); put_dec(us_since(t0)); puts_raw(" us\n");
+            break;
+        }
         case OP_SUM: {
             u64 h = checksum(p, c->b);
             report_op("sum", r->name, c->a, c->b);

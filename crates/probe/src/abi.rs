@@ -31,6 +31,10 @@ pub const PORT_SLEEP: u16 = 0x504;
 /// Longest sleep the probe asks for in one write to [`PORT_SLEEP`]; a longer sleep is a
 /// loop of writes, so the VMM's stop requests are seen between them.
 pub const SLEEP_SLICE_MS: u64 = 100;
+/// Instance port (read): the VM's instance number as a 32-bit little-endian value (0
+/// unless the VMM set one, e.g. clone K of a template is K + 1). Clones run the same
+/// script from the same memory; this is how each tells itself apart (`fill-id`).
+pub const PORT_INSTANCE: u16 = 0x505;
 
 /// Trace mark written when the probe starts running its script.
 pub const MARK_PROBE_START: u8 = 0x01;
@@ -56,6 +60,9 @@ pub const OP_CRASH: u32 = 7;
 pub const OP_RESET: u32 = 8;
 /// Opcode: sleep for `a` milliseconds through the sleep port.
 pub const OP_SLEEP: u32 = 9;
+/// Opcode: fill a range with the byte `(instance + 1) & 0xff`, the instance read from
+/// [`PORT_INSTANCE`].
+pub const OP_FILL_ID: u32 = 10;
 
 /// Crash kind: empty IDT then `ud2`, a triple fault.
 pub const CRASH_TRIPLE_FAULT: u64 = 1;
@@ -108,6 +115,7 @@ mod tests {
             ("PORT_PROBE_FAULT", PORT_PROBE_FAULT.into()),
             ("PORT_SLEEP", PORT_SLEEP.into()),
             ("SLEEP_SLICE_MS", SLEEP_SLICE_MS),
+            ("PORT_INSTANCE", PORT_INSTANCE.into()),
             ("MARK_PROBE_START", MARK_PROBE_START.into()),
             ("MARK_PROBE_DONE", MARK_PROBE_DONE.into()),
             ("OP_TOUCH", OP_TOUCH.into()),
@@ -119,6 +127,7 @@ mod tests {
             ("OP_CRASH", OP_CRASH.into()),
             ("OP_RESET", OP_RESET.into()),
             ("OP_SLEEP", OP_SLEEP.into()),
+            ("OP_FILL_ID", OP_FILL_ID.into()),
             ("CRASH_TRIPLE_FAULT", CRASH_TRIPLE_FAULT),
             ("CRASH_MMIO_EXEC", CRASH_MMIO_EXEC),
             ("CRASH_INT3", CRASH_INT3),

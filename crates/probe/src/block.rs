@@ -145,6 +145,10 @@ pub fn encode_block(
                 let (slot, off, len) = resolve(r)?;
                 (abi::OP_SUM, slot, off, len, 0)
             }
+            Command::FillId(r) => {
+                let (slot, off, len) = resolve(r)?;
+                (abi::OP_FILL_ID, slot, off, len, 0)
+            }
             Command::Mark(id) => (abi::OP_MARK, 0, u64::from(*id), 0, 0),
             Command::Exit(code) => (abi::OP_EXIT, 0, u64::from(*code), 0, 0),
             Command::Reset => (abi::OP_RESET, 0, 0, 0, 0),
@@ -208,6 +212,26 @@ mod tests {
             block.len(),
             abi::COMMANDS_OFFSET + 8 + 4 * abi::COMMAND_SIZE
         );
+    }
+
+    #[test]
+    fn encodes_fill_id_like_write_without_a_byte() {
+        let cmds = parse_script("fill-id ram 8M 1M").unwrap();
+        let block = encode_block(&cmds, &ram(), 1, 0).unwrap();
+        let cmd = &block[abi::COMMANDS_OFFSET + 8..];
+        assert_eq!(
+            u32::from_le_bytes(cmd[0..4].try_into().unwrap()),
+            abi::OP_FILL_ID
+        );
+        assert_eq!(u32::from_le_bytes(cmd[4..8].try_into().unwrap()), 0);
+        assert_eq!(u64::from_le_bytes(cmd[8..16].try_into().unwrap()), 8 << 20);
+        assert_eq!(u64::from_le_bytes(cmd[16..24].try_into().unwrap()), 1 << 20);
+        assert_eq!(u64::from_le_bytes(cmd[24..32].try_into().unwrap()), 0);
+        let cmds = parse_script("fill-id ram 16M 1").unwrap();
+        assert!(matches!(
+            encode_block(&cmds, &ram(), 1, 0),
+            Err(BlockError::OutOfRange { .. })
+        ));
     }
 
     #[test]

@@ -46,6 +46,10 @@ pub enum Command {
     Read(Range),
     /// Fill the range with a byte.
     Write(Range, u8),
+    /// Fill the range with the byte `(instance + 1) & 0xff`, where the instance is the
+    /// number the VMM gave this VM (0 unless set; clone K of a template gets K + 1), so
+    /// that VMs running one script from one memory image write different data.
+    FillId(Range),
     /// Print `sum REGION OFFSET LEN = HEX` (FNV-1a over little-endian 64-bit words).
     Sum(Range),
     /// Record a guest trace mark.
@@ -118,6 +122,7 @@ fn parse_command(text: &str) -> Result<Command, String> {
         },
         "read" => parse_range(args, "read").map(Command::Read),
         "sum" => parse_range(args, "sum").map(Command::Sum),
+        "fill-id" => parse_range(args, "fill-id").map(Command::FillId),
         "write" => match args {
             [region, offset, len, byte] => Ok(Command::Write(
                 parse_range(&[region, offset, len], "write")?,
@@ -158,7 +163,7 @@ fn parse_command(text: &str) -> Result<Command, String> {
             _ => Err("usage: crash triple-fault|mmio-exec|int3".into()),
         },
         other => Err(format!(
-            "unknown command `{other}` (known: touch, read, write, sum, mark, sleep, crash, reset, exit)"
+            "unknown command `{other}` (known: touch, read, write, fill-id, sum, mark, sleep, crash, reset, exit)"
         )),
     }
 }
@@ -234,6 +239,37 @@ mod tests {
         assert!(err.to_string().contains("unknown command `wrte`"));
         assert!(parse_script("exit 256").is_err());
         assert!(parse_script("write ram 0 1").is_err());
+    }
+
+    #[test]
+    fn fill_id_takes_a_range_and_no_byte() {
+        assert_eq!(
+            parse_script("fill-id ram 9M 1M; fill-id pmem0 0x1000 4K").unwrap(),
+            vec![
+                Command::FillId(Range {
+                    region: "ram".into(),
+                    offset: 9 << 20,
+                    len: 1 << 20
+                }),
+                Command::FillId(Range {
+                    region: "pmem0".into(),
+                    offset: 0x1000,
+                    len: 4096
+                }),
+            ]
+        );
+        let err = parse_script("fill-id ram 9M 1M 0x02").unwrap_err();
+        assert!(
+            err.reason.contains("usage: fill-id REGION OFFSET LEN"),
+            "{err}"
+        );
+        assert!(parse_script("fill-id ram 9M").is_err());
+        assert!(parse_script("fill-id 1M").is_err());
+        assert!(parse_script("fill-id ram 9Q 1M").is_err());
+        assert!(parse_script("fillid ram 0 1")
+            .unwrap_err()
+            .reason
+            .contains("fill-id"));
     }
 
     #[test]

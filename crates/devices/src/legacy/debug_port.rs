@@ -1,25 +1,63 @@
 //! densevm's debug ports: exit with a code (0x501), trace mark (0x502), probe fault (0x503),
-//! sleep (0x504).
+//! sleep (0x504), and the VM's instance number (0x505, read).
 
 use crate::{BusDevice, GuestRequest};
 use std::time::Duration;
 
 /// First debug port.
 pub const DEBUG_PORT_BASE: u64 = 0x501;
-/// Number of debug ports.
-pub const DEBUG_PORT_LEN: u64 = 4;
+/// Number of debug ports (0x501..=0x505).
+pub const DEBUG_PORT_LEN: u64 = 5;
+/// Offset of the instance port (0x505) in the debug-port range: a read returns the VM's
+/// instance number, little-endian (`inl` gets all 32 bits, `inb` the low byte); writes
+/// are ignored.
+pub const INSTANCE_PORT_OFFSET: u64 = 4;
 /// Longest sleep one write to the sleep port (0x504) asks for, in milliseconds. A longer
 /// guest sleep is a loop of writes, so the vCPU thread comes back to KVM_RUN at least this
 /// often and sees the VMM's stop request (--timeout, guest exit on another vCPU) in time.
 pub const MAX_SLEEP_SLICE_MS: u64 = 100;
 
-/// The debug ports as one bus device. Reads return 0.
-#[derive(Debug, Default)]
-pub struct DebugPort;
+/// The debug ports as one bus device. Reads return 0, except at the instance port.
+///
+/// The instance number tells VMs started from the same memory apart (clones of one
+/// template: the probe's `fill-id` writes `(instance + 1) & 0xff`); it is 0 unless the
+/// VMM sets it with [`DebugPort::with_instance`] or [`DebugPort::set_instance`].
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct DebugPort {
+    instance: u32,
+}
+
+/// The debug ports with instance 0, as `DebugPort` was written when it was a unit struct
+/// (a value of that name keeps `Mutex::new(DebugPort)` compiling). Prefer
+/// [`DebugPort::with_instance`] or `DebugPort::default()`.
+#[allow(non_upper_case_globals)]
+pub const DebugPort: DebugPort = DebugPort { instance: 0 };
+
+impl DebugPort {
+    /// The debug ports of a VM whose instance port reads `instance`.
+    pub const fn with_instance(instance: u32) -> Self {
+        DebugPort { instance }
+    }
+
+    /// Sets the number the instance port reads.
+    pub fn set_instance(&mut self, instance: u32) {
+        self.instance = instance;
+    }
+
+    /// The number the instance port reads.
+    pub fn instance(&self) -> u32 {
+        self.instance
+    }
+}
 
 impl BusDevice for DebugPort {
-    fn read(&mut self, _offset: u64, data: &mut [u8]) {
+    fn read(&mut self, offset: u64, data: &mut [u8]) {
         data.fill(0);
+        if offset == INSTANCE_PORT_OFFSET {
+            let value = self.instance.to_le_bytes();
+            let n = data.len().min(value.len());
+            data[..n].copy_from_slice(&value[..n]);
+        }
     }
 
     fn write(&mut self, offset: u64, data: &[u8]) -> Option<GuestRequest> {
@@ -47,16 +85,46 @@ mod tests {
 
     #[test]
     fn ports() {
-        let mut d = DebugPort;
+        let mut d = DebugPort::default();
         assert_eq!(d.write(0, &[3, 0, 0, 0]), Some(GuestRequest::Exit(3)));
         assert_eq!(d.write(1, &[0x10]), Some(GuestRequest::TraceMark(0x10)));
         assert_eq!(d.write(2, &[14]), Some(GuestRequest::GuestFault(14)));
         assert_eq!(d.write(0, &[]), None);
+        assert_eq!(d.write(INSTANCE_PORT_OFFSET, &[9]), None);
+    }
+
+    #[test]
+    fn instance_port_reads_the_instance() {
+        let read = |d: &mut DebugPort, offset: u64, len: usize| {
+            let mut data = vec![0xffu8; len];
+            d.read(offset, &mut data);
+            data
+        };
+        // Unset: 0, like the transitional `DebugPort` value.
+        let mut d = DebugPort::default();
+        assert_eq!(d, DebugPort);
+        assert_eq!(read(&mut d, INSTANCE_PORT_OFFSET, 4), [0, 0, 0, 0]);
+        let mut d = DebugPort::with_instance(0x0102_0304);
+        assert_eq!(d.instance(), 0x0102_0304);
+        assert_eq!(read(&mut d, INSTANCE_PORT_OFFSET, 4), [4, 3, 2, 1]);
+        assert_eq!(read(&mut d, INSTANCE_PORT_OFFSET, 1), [4]);
+        assert_eq!(read(&mut d, INSTANCE_PORT_OFFSET, 2), [4, 3]);
+        // The other ports still read 0.
+        for offset in 0..INSTANCE_PORT_OFFSET {
+            assert_eq!(read(&mut d, offset, 4), [0, 0, 0, 0], "offset {offset}");
+        }
+        d.set_instance(3);
+        assert_eq!(read(&mut d, INSTANCE_PORT_OFFSET, 4), [3, 0, 0, 0]);
+        // Writes to the instance port do not change it.
+        d.write(INSTANCE_PORT_OFFSET, &[7]);
+        assert_eq!(d.instance(), 3);
+        assert_eq!(DEBUG_PORT_BASE + INSTANCE_PORT_OFFSET, 0x505);
+        assert_eq!(DEBUG_PORT_LEN, INSTANCE_PORT_OFFSET + 1);
     }
 
     #[test]
     fn sleep_port_sleeps_at_most_one_slice() {
-        let mut d = DebugPort;
+        let mut d = DebugPort::default();
         let t0 = Instant::now();
         assert_eq!(d.write(3, &[20]), None);
         assert!(t0.elapsed() >= Duration::from_millis(20), "slept 20 ms");
