@@ -15,7 +15,8 @@
 //! renames it over the target and syncs the directory, so a crash leaves either the old
 //! file or the complete new one under the final name, never half of one.
 //! [`read_state`] checks the header before it allocates the payload and reports each kind
-//! of bad file with its own [`PersistError`]; no input makes it panic.
+//! of bad file with its own [`PersistError`]; no input makes it panic. [`decode_state`]
+//! makes the same checks on a file already in memory (the fuzz target's entry point).
 
 use super::PersistError;
 use serde::de::DeserializeOwned;
@@ -129,6 +130,16 @@ pub fn read_state<T: DeserializeOwned>(path: &Path) -> Result<T, PersistError> {
         });
     }
     decode(path, &payload, crc)
+}
+
+/// Decodes a whole state file held in memory, with the checks and errors of
+/// [`read_state`] (`path` is only named in the errors).
+pub fn decode_state<T: DeserializeOwned>(path: &Path, bytes: &[u8]) -> Result<T, PersistError> {
+    let head = &bytes[..bytes.len().min(HEADER_LEN)];
+    let (len, crc) = check_header(path, head, bytes.len() as u64)?;
+    // check_header saw that the file is exactly the header and `len` payload bytes.
+    debug_assert_eq!(bytes.len() as u64, HEADER_LEN as u64 + len);
+    decode(path, &bytes[HEADER_LEN..], crc)
 }
 
 /// Checks a header read from a file of `size` bytes; returns the payload length and CRC.
@@ -390,6 +401,38 @@ mod tests {
         let err = read_state::<Sample>(&path).unwrap_err();
         assert!(matches!(err, PersistError::Io { .. }), "{err}");
         assert!(err.to_string().contains("missing.state"), "{err}");
+    }
+
+    /// decode_state gives what read_state gives for the same bytes: the value, or the
+    /// same error with the same message.
+    #[test]
+    fn decode_state_agrees_with_read_state() {
+        let dir = TestDir::new("decode");
+        let (path, good) = dir.written();
+        let same = |bytes: &[u8]| {
+            fs::write(&path, bytes).unwrap();
+            let from_file = read_state::<Sample>(&path);
+            let from_bytes = decode_state::<Sample>(&path, bytes);
+            match (&from_file, &from_bytes) {
+                (Ok(a), Ok(b)) => assert_eq!(a, b),
+                (Err(a), Err(b)) => assert_eq!(a.to_string(), b.to_string()),
+                _ => panic!("{} bytes: {from_file:?} but {from_bytes:?}", bytes.len()),
+            }
+        };
+        same(&good);
+        for len in 0..good.len() {
+            same(&good[..len]);
+        }
+        for offset in 0..good.len() {
+            let mut bad = good.clone();
+            bad[offset] ^= 0x41;
+            same(&bad);
+        }
+        let mut longer = good.clone();
+        longer.push(b' ');
+        same(&longer);
+        same(b"");
+        same(b"{}");
     }
 
     /// Random files, and random changes to a valid one, give errors and never panic.

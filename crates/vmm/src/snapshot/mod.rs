@@ -16,6 +16,7 @@
 //! refuse). VMs with `--pmem` regions are refused for now (see docs/snapshots.md).
 
 pub mod create;
+pub mod fuzz;
 pub mod ram;
 pub mod restore;
 
