@@ -17,7 +17,7 @@
 #define PORT_TRACE_MARK     0x502       /* write: trace mark id (byte) */
 #define PORT_PROBE_FAULT    0x503       /* write: exception vector; VM ends with an error */
 #define PORT_SLEEP          0x504       /* write: sleep this many ms (byte, the VMM caps it) */
-#define SLEEP_SLICE_MS      100         /* the probe sleeps in writes of at most this */
+#define SLEEP_SLICE_MS      10          /* the probe sleeps in writes of at most this */
 #define PORT_INSTANCE       0x505       /* read (32 bits): the VM's instance number (0 if unset) */
 
 #define MARK_PROBE_START    0x01

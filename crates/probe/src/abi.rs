@@ -30,7 +30,7 @@ pub const PORT_PROBE_FAULT: u16 = 0x503;
 pub const PORT_SLEEP: u16 = 0x504;
 /// Longest sleep the probe asks for in one write to [`PORT_SLEEP`]; a longer sleep is a
 /// loop of writes, so the VMM's stop requests are seen between them.
-pub const SLEEP_SLICE_MS: u64 = 100;
+pub const SLEEP_SLICE_MS: u64 = 10;
 /// Instance port (read): the VM's instance number as a 32-bit little-endian value (0
 /// unless the VMM set one, e.g. clone K of a template is K + 1). Clones run the same
 /// script from the same memory; this is how each tells itself apart (`fill-id`).

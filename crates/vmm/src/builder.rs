@@ -322,6 +322,7 @@ pub(crate) fn finish(
         memory_bytes: extras.memory_bytes,
         device_specs: extras.device_specs,
         notify_vmgenid: false,
+        on_running: None,
         paused: false,
         events_tx,
         events_rx: Some(events_rx),

@@ -66,7 +66,7 @@ impl DeviceManager {
         serial_irq: EventFd,
         linux: bool,
     ) -> Result<Self, VmmError> {
-        Self::with_serial(vm, Serial::new(serial_irq, console), linux)
+        Self::with_serial(vm, Serial::new(serial_irq, console), linux, 0)
     }
 
     /// The legacy devices of a restored VM, in their saved state.
@@ -76,10 +76,11 @@ impl DeviceManager {
         serial_irq: EventFd,
         linux: bool,
         state: &LegacyState,
+        instance: u32,
     ) -> Result<Self, VmmError> {
         let serial =
             Serial::from_state(serial_irq, console, &state.serial).map_err(VmmError::Config)?;
-        let dm = Self::with_serial(vm, serial, linux)?;
+        let dm = Self::with_serial(vm, serial, linux, instance)?;
         if let (Some(cmos), Some(saved)) = (&dm.cmos, &state.cmos) {
             let restored = Cmos::from_state(saved).map_err(VmmError::Config)?;
             *cmos.lock().unwrap_or_else(|p| p.into_inner()) = restored;
@@ -102,7 +103,9 @@ impl DeviceManager {
         }
     }
 
-    fn with_serial(vm: &Vm, serial: Serial, linux: bool) -> Result<Self, VmmError> {
+    /// `instance` is what the guest reads at the debug port's instance register (0 for a
+    /// VM booted or restored, K + 1 for clone K).
+    fn with_serial(vm: &Vm, serial: Serial, linux: bool, instance: u32) -> Result<Self, VmmError> {
         let mut pio = Bus::new();
         let bus_err = |e: densevm_devices::BusError| VmmError::Config(e.to_string());
         let serial = Arc::new(Mutex::new(serial));
@@ -115,7 +118,7 @@ impl DeviceManager {
         )
         .map_err(bus_err)?;
         pio.insert(
-            Arc::new(Mutex::new(DebugPort)),
+            Arc::new(Mutex::new(DebugPort::with_instance(instance))),
             legacy::DEBUG_PORT_BASE,
             legacy::DEBUG_PORT_LEN,
         )

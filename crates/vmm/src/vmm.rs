@@ -158,6 +158,8 @@ pub struct Vmm {
     pub(crate) device_specs: serde_json::Value,
     /// A restored Linux guest got a new VM generation ID: tell it once its vCPUs run.
     pub(crate) notify_vmgenid: bool,
+    /// Called once the vCPU threads are started (a clone tells its parent it runs).
+    pub(crate) on_running: Option<Box<dyn FnOnce() + Send>>,
     /// Paused by a control request (as opposed to a slot refresh).
     pub(crate) paused: bool,
     pub(crate) events_tx: Sender<LoopEvent>,
@@ -173,6 +175,11 @@ impl Vmm {
     /// COM1, e.g. to feed it console input (`Serial::enqueue_input`).
     pub fn serial(&self) -> Arc<std::sync::Mutex<densevm_devices::legacy::Serial>> {
         self.devices.serial.clone()
+    }
+
+    /// Calls `f` once the vCPU threads have started.
+    pub fn on_running(&mut self, f: Box<dyn FnOnce() + Send>) {
+        self.on_running = Some(f);
     }
 
     /// A handle through which other threads (the API server) control this VM.
@@ -204,6 +211,9 @@ impl Vmm {
             if let Err(e) = crate::arch::vmgenid::notify_guest(self.vm.fd()) {
                 tracing::warn!("cannot tell the guest its VM generation ID changed: {e}");
             }
+        }
+        if let Some(f) = self.on_running.take() {
+            f();
         }
         let rx = self
             .events_rx

@@ -1,5 +1,6 @@
 //! One module per top-level subcommand.
 
+pub mod clones;
 pub mod console;
 pub mod devices;
 pub mod image;

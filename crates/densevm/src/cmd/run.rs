@@ -100,6 +100,9 @@ pub struct RunArgs {
     /// (clones) the template's RAM file is this inherited descriptor.
     #[arg(long, hide = true, requires = "restore")]
     pub ram_fd: Option<i32>,
+    /// (clones) write one byte to this inherited descriptor once the vCPUs run.
+    #[arg(long, hide = true, requires = "restore")]
+    pub ready_fd: Option<i32>,
     /// (clones) this clone's index: its writable disks are DIR/diskN.clone-INDEX.pcow.
     #[arg(long, hide = true, requires = "restore")]
     pub clone_index: Option<u32>,
@@ -351,7 +354,7 @@ fn restore_main(args: RunArgs, origin: Instant) -> anyhow::Result<i32> {
             .with_context(|| format!("snapshot {}: its device list", dir.display()))?
     };
     if let Some(index) = args.clone_index {
-        crate::cmd::vm_api::use_clone_overlays(&mut specs, &dir, index);
+        crate::cmd::clones::use_clone_overlays(&mut specs, &dir, index);
     }
     let (devices, disk_handles) = specs
         .open()
@@ -360,6 +363,7 @@ fn restore_main(args: RunArgs, origin: Instant) -> anyhow::Result<i32> {
         densevm_vmm::RestoreSource {
             dir: dir.clone(),
             ram,
+            instance: args.clone_index.map_or(0, |k| k + 1),
         },
         devices,
         console,
@@ -368,7 +372,14 @@ fn restore_main(args: RunArgs, origin: Instant) -> anyhow::Result<i32> {
         args.report || args.json,
     )
     .with_context(|| format!("could not restore the VM from {}", dir.display()))?;
+    let mut vmm = vmm;
+    if let Some(fd) = args.ready_fd {
+        vmm.on_running(crate::cmd::clones::signal_ready(fd));
+    }
     let outcome = run_with_api(&args, vmm, &specs, disk_handles)?;
+    if args.trace {
+        eprint!("{}", outcome.trace.table());
+    }
     if args.json {
         print_json(&json!({
             "exit_code": outcome.end.exit_code(),

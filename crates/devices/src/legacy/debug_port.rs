@@ -15,7 +15,7 @@ pub const INSTANCE_PORT_OFFSET: u64 = 4;
 /// Longest sleep one write to the sleep port (0x504) asks for, in milliseconds. A longer
 /// guest sleep is a loop of writes, so the vCPU thread comes back to KVM_RUN at least this
 /// often and sees the VMM's stop request (--timeout, guest exit on another vCPU) in time.
-pub const MAX_SLEEP_SLICE_MS: u64 = 100;
+pub const MAX_SLEEP_SLICE_MS: u64 = 10;
 
 /// The debug ports as one bus device. Reads return 0, except at the instance port.
 ///
@@ -26,12 +26,6 @@ pub const MAX_SLEEP_SLICE_MS: u64 = 100;
 pub struct DebugPort {
     instance: u32,
 }
-
-/// The debug ports with instance 0, as `DebugPort` was written when it was a unit struct
-/// (a value of that name keeps `Mutex::new(DebugPort)` compiling). Prefer
-/// [`DebugPort::with_instance`] or `DebugPort::default()`.
-#[allow(non_upper_case_globals)]
-pub const DebugPort: DebugPort = DebugPort { instance: 0 };
 
 impl DebugPort {
     /// The debug ports of a VM whose instance port reads `instance`.

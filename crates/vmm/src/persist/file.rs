@@ -92,6 +92,27 @@ pub fn write_state<T: Serialize>(path: &Path, payload: &T) -> Result<(), Persist
         .map_err(io_err("sync the directory of", path))
 }
 
+/// Like [`write_state`] without the syncs, for state that need not survive a host crash
+/// (a clone template's state lives no longer than its RAM file, which is in memory).
+pub fn write_state_volatile<T: Serialize>(path: &Path, payload: &T) -> Result<(), PersistError> {
+    let json = serde_json::to_vec(payload).map_err(|e| PersistError::Encode {
+        path: path.to_path_buf(),
+        detail: e.to_string(),
+    })?;
+    if json.len() as u64 > MAX_PAYLOAD {
+        return Err(PersistError::Encode {
+            path: path.to_path_buf(),
+            detail: format!(
+                "{} bytes of JSON, more than the {MAX_PAYLOAD}-byte limit",
+                json.len()
+            ),
+        });
+    }
+    let mut data = header(&json).to_vec();
+    data.extend_from_slice(&json);
+    fs::write(path, data).map_err(io_err("write", path))
+}
+
 fn write_synced(tmp: &Path, header: &[u8], payload: &[u8]) -> Result<(), PersistError> {
     let mut file = OpenOptions::new()
         .write(true)

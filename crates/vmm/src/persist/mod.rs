@@ -32,7 +32,9 @@ use std::path::PathBuf;
 use thiserror::Error;
 
 pub use cpu_id::{check_same_cpu, HostCpu};
-pub use file::{read_state, write_state, FORMAT_VERSION, HEADER_LEN, MAGIC, MAX_PAYLOAD};
+pub use file::{
+    read_state, write_state, write_state_volatile, FORMAT_VERSION, HEADER_LEN, MAGIC, MAX_PAYLOAD,
+};
 pub use vcpu::{restore_vcpu, save_vcpu, VcpuState};
 pub use vm::{restore_vm, save_vm, IrqchipState, VmState};
 

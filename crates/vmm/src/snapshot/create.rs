@@ -244,7 +244,8 @@ impl Vmm {
             remap(r, &file, false).map_err(failed("freezing guest RAM"))?;
         }
         self.ram = RamFile::new(Some(file.clone()), false);
-        Self::write_state_file(dir, &state)?;
+        persist::write_state_volatile(&dir.join(STATE_FILE), &state)
+            .map_err(|e| ControlError::Failed(e.to_string()))?;
         hook().map_err(ControlError::Failed)?;
         let ram = file
             .as_fd()

@@ -28,6 +28,8 @@ pub struct RestoreSource {
     pub dir: PathBuf,
     /// A clone template's RAM file, inherited from the VM that froze it.
     pub ram: Option<OwnedFd>,
+    /// The instance number the guest reads at the debug port (K + 1 for clone K, else 0).
+    pub instance: u32,
 }
 
 fn bad(dir: &Path, what: impl std::fmt::Display) -> VmmError {
@@ -71,6 +73,7 @@ pub fn build_restored(
     let mut trace = BootTrace::new(origin);
     let dir = source.dir;
     let state = read_snapshot(&dir)?;
+    trace.mark("state_read");
     kick::install().map_err(|source| VmmError::Host {
         what: "installing the vCPU kick signal handler",
         source,
@@ -110,6 +113,7 @@ pub fn build_restored(
     let memory = GuestMemory::new(specs)?;
     let mut vm = Vm::new()?;
     vm.register_memory(&memory)?;
+    trace.mark("memory_mapped");
     if state.irqchip {
         vm.create_irqchip()?;
     }
@@ -131,7 +135,14 @@ pub fn build_restored(
         what: "eventfd clone",
         source,
     })?;
-    let mut manager = DeviceManager::restore(&vm, console, serial_evt, state.linux, &state.legacy)?;
+    let mut manager = DeviceManager::restore(
+        &vm,
+        console,
+        serial_evt,
+        state.linux,
+        &state.legacy,
+        source.instance,
+    )?;
     if devices.len() != state.virtio.len() {
         return Err(bad(
             &dir,
@@ -148,6 +159,7 @@ pub fn build_restored(
     if let Some(pci) = &state.pci {
         manager.restore_pci_root(pci)?;
     }
+    trace.mark("devices_restored");
     persist::restore_vm(vm.fd(), &state.vm).map_err(|e| bad(&dir, e))?;
     let cpus = state.vcpus.len() as u32;
     let mut vcpus = Vec::with_capacity(state.vcpus.len());

@@ -1,0 +1,221 @@
+//! Clones as processes: each clone of a running VM is a `densevm run --restore` process
+//! started here, with its own sockets and copy-on-write disk overlays.
+
+use densevm_api::types::CloneInfo;
+use densevm_virtio::block::{open_pcow, BackendHandle};
+use densevm_vmm::TemplateHook;
+use std::io::Write;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+fn overlay_path(dir: &Path, disk: usize, who: &str) -> PathBuf {
+    dir.join(format!("disk{disk}.{who}.pcow"))
+}
+
+/// Creates a pcow overlay at `path` over `base` (same size and cluster size).
+fn create_overlay(path: &Path, base: &Path) -> Result<(), String> {
+    let chain = pcow::Chain::open(base, pcow::OpenOptions::default())
+        .map_err(|e| format!("disk {}: {e}", base.display()))?;
+    let opts = pcow::CreateOptions {
+        virtual_size: chain.virtual_size(),
+        cluster_size: chain.cluster_size(),
+        backing: Some(base.display().to_string()),
+    };
+    drop(chain);
+    pcow::create_file(path, &opts).map_err(|e| format!("overlay {}: {e}", path.display()))
+}
+
+/// The work done while the VM is paused for a clone template: every writable disk's top
+/// image is frozen as the base of one overlay per clone and of a new overlay the parent
+/// goes on in (its device is moved onto it, the device being quiesced).
+pub fn overlay_hook(
+    dir: PathBuf,
+    count: u32,
+    specs: &crate::cmd::devices::DeviceSpecs,
+    handles: Vec<BackendHandle>,
+    tops: Arc<Mutex<Vec<PathBuf>>>,
+) -> TemplateHook {
+    let writable: Vec<usize> = specs
+        .disks
+        .iter()
+        .enumerate()
+        .filter(|(_, d)| !d.readonly)
+        .map(|(i, _)| i)
+        .collect();
+    Box::new(move || {
+        let mut tops = tops.lock().unwrap_or_else(|p| p.into_inner());
+        for &n in &writable {
+            let base = tops[n].clone();
+            for k in 0..count {
+                create_overlay(&overlay_path(&dir, n, &format!("clone-{k}")), &base)?;
+            }
+            let parent = overlay_path(&dir, n, "parent");
+            create_overlay(&parent, &base)?;
+            let backend = open_pcow(&parent, true).map_err(|e| e.to_string())?;
+            handles[n].replace(backend).map_err(|e| e.to_string())?;
+            tops[n] = parent;
+        }
+        Ok(())
+    })
+}
+
+/// A clone's writable disks are its own overlays in the template directory.
+pub fn use_clone_overlays(specs: &mut crate::cmd::devices::DeviceSpecs, dir: &Path, index: u32) {
+    for (n, d) in specs.disks.iter_mut().enumerate() {
+        let overlay = overlay_path(dir, n, &format!("clone-{index}"));
+        if !d.readonly && overlay.exists() {
+            d.path = overlay;
+            d.pcow = true;
+        }
+    }
+}
+
+/// Starts `count` `densevm run --restore DIR` processes, each with its API socket, console
+/// socket and console file in DIR, and waits until each one's vCPUs run (it writes a byte
+/// to a pipe then; its API socket is up before that). `ram` is a frozen template's RAM
+/// file, inherited by each clone; without it the clones map DIR/memory.
+pub fn spawn_clones(
+    dir: &Path,
+    count: u32,
+    ram: Option<&OwnedFd>,
+) -> anyhow::Result<Vec<CloneInfo>> {
+    let exe = std::env::current_exe()?;
+    let mut children = Vec::new();
+    let mut infos = Vec::new();
+    for index in 0..count {
+        let sock = dir.join(format!("clone-{index}.sock"));
+        let console = dir.join(format!("clone-{index}.console"));
+        let console_sock = dir.join(format!("clone-{index}.console.sock"));
+        let out = std::fs::File::create(&console)?;
+        let err = out.try_clone()?;
+        let (ready_rx, ready_tx) = pipe()?;
+        // Descriptors the child inherits (no CLOEXEC); closed here once it is spawned.
+        // Only this thread spawns processes, so no other child can inherit them.
+        let ready_child = inheritable(&ready_tx)?;
+        drop(ready_tx);
+        let ram_child = ram.map(inheritable).transpose()?;
+        let mut cmd = Command::new(&exe);
+        cmd.arg("run")
+            .arg("--restore")
+            .arg(dir)
+            .arg("--api-sock")
+            .arg(&sock)
+            .arg("--id")
+            .arg(format!("clone-{index}"))
+            .arg("--clone-index")
+            .arg(index.to_string())
+            .arg("--console-sock")
+            .arg(&console_sock)
+            .arg("--ready-fd")
+            .arg(ready_child.as_raw_fd().to_string())
+            // Its own process group: a terminal's signals to this VMM spare the clones.
+            .process_group(0)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err);
+        if let Some(fd) = &ram_child {
+            cmd.arg("--ram-fd").arg(fd.as_raw_fd().to_string());
+        }
+        let child = cmd.spawn()?;
+        drop(ram_child);
+        drop(ready_child);
+        infos.push(CloneInfo {
+            index,
+            pid: child.id(),
+            api_sock: sock.display().to_string(),
+            console: console.display().to_string(),
+        });
+        children.push((child, ready_rx, console));
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for (child, ready, console) in &mut children {
+        match wait_ready(ready, deadline)? {
+            true => {}
+            false => {
+                let status = child
+                    .try_wait()?
+                    .map_or("still running".into(), |s| s.to_string());
+                anyhow::bail!(
+                    "clone {} ({status}) did not start its vCPUs within 30 s; see {}",
+                    child.id(),
+                    console.display()
+                );
+            }
+        }
+    }
+    // Reap the clones when they end, so none lingers as a zombie of this VMM.
+    let _ = std::thread::Builder::new()
+        .name("clone-reaper".into())
+        .stack_size(64 << 10)
+        .spawn(move || {
+            for (mut child, _, _) in children {
+                let _ = child.wait();
+            }
+        });
+    Ok(infos)
+}
+
+/// A pipe, both ends close-on-exec: (read, write).
+fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 writes two new descriptors into `fds`, owned from here on.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: both are fresh descriptors nobody else owns.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// A duplicate of `fd` without close-on-exec (a child process inherits it).
+fn inheritable(fd: &OwnedFd) -> std::io::Result<OwnedFd> {
+    // SAFETY: F_DUPFD returns a new descriptor (no CLOEXEC) or -1; it is owned from here.
+    let n = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD, 3) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: n is a fresh descriptor nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(n) })
+}
+
+/// Waits until the clone writes its ready byte (true) or closes the pipe by exiting, or
+/// the deadline passes (false).
+fn wait_ready(ready: &OwnedFd, deadline: Instant) -> std::io::Result<bool> {
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let mut pfd = libc::pollfd {
+            fd: ready.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: poll reads and writes one valid pollfd.
+        let n = unsafe { libc::poll(&mut pfd, 1, left.as_millis().min(i32::MAX as u128) as i32) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Ok(false);
+        }
+        let mut byte = 0u8;
+        // SAFETY: reads at most one byte into `byte`.
+        let got = unsafe { libc::read(ready.as_raw_fd(), (&mut byte as *mut u8).cast(), 1) };
+        return Ok(got == 1);
+    }
+}
+
+/// A restored clone tells the VMM that started it that its vCPUs run.
+pub fn signal_ready(fd: i32) -> Box<dyn FnOnce() + Send> {
+    Box::new(move || {
+        // SAFETY: --ready-fd names a descriptor the parent densevm handed this process for
+        // this one byte; it is owned (and closed) here.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let _ = std::fs::File::from(fd).write_all(&[1]);
+    })
+}
