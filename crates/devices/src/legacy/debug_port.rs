@@ -94,9 +94,9 @@ mod tests {
             d.read(offset, &mut data);
             data
         };
-        // Unset: 0, like the transitional `DebugPort` value.
+        // Unset: 0.
         let mut d = DebugPort::default();
-        assert_eq!(d, DebugPort);
+        assert_eq!(d, DebugPort::with_instance(0));
         assert_eq!(read(&mut d, INSTANCE_PORT_OFFSET, 4), [0, 0, 0, 0]);
         let mut d = DebugPort::with_instance(0x0102_0304);
         assert_eq!(d.instance(), 0x0102_0304);
