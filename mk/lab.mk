@@ -61,5 +61,15 @@ bench-virtio: guest
 	DENSEVM=$(LAB_DENSEVM) LAB_TIMEOUT=$${LAB_TIMEOUT:-3600} lab/run lab/bench/virtio.sh > build/lab/virtio.txt; \
 	  status=$$?; cat build/lab/virtio.txt; exit $$status
 
+# make bench-clones: clones of a running VM against QEMU 7.2 templating (issue #11): clone
+# latency for 256 MiB and 2 GiB guests, per-clone memory of 8 and 32 idle clones (knobs:
+# BENCH_CLONE_SIZES, BENCH_CLONE_REPS, BENCH_CLONE_COUNTS, BENCH_CLONE_VMMS, ...; see the
+# script). One L1 run; results also land in build/lab/clones.txt.
+.PHONY: bench-clones
+bench-clones: guest
+	@mkdir -p build/lab
+	DENSEVM=$(LAB_DENSEVM) LAB_TIMEOUT=$${LAB_TIMEOUT:-3600} lab/run lab/bench/clones.sh > build/lab/clones.txt; \
+	  status=$$?; cat build/lab/clones.txt; exit $$status
+
 TEST_TARGETS += test-lab
-BENCH_TARGETS += bench-lab bench-virtio
+BENCH_TARGETS += bench-lab bench-virtio bench-clones
