@@ -32,7 +32,7 @@ pub const FORMAT_VERSION: u32 = 1;
 /// Header size: magic, version, payload length, CRC32C.
 pub const HEADER_LEN: usize = 16 + 4 + 8 + 4;
 /// The largest payload densevm writes or reads (64 MiB; a vCPU's state is tens of KiB).
-pub const MAX_PAYLOAD: u64 = 64 << 20;
+pub const MAX_PAYLOAD: u64 = 8 << 20;
 
 fn io_err(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> PersistError {
     let path = path.to_path_buf();

@@ -20,6 +20,7 @@
 //! guest clock and the IOAPIC are in place when the vCPUs' kvmclock MSRs and LAPICs are
 //! restored.
 
+pub mod bounded;
 pub mod cpu_id;
 pub mod file;
 pub mod vcpu;

@@ -52,6 +52,7 @@ pub struct SnapshotState {
     /// Guest RAM in bytes (as `--memory`).
     pub memory_bytes: u64,
     /// The memory layout; RAM regions live in the memory file at offset = `gpa`.
+    #[serde(deserialize_with = "crate::persist::bounded::vec::<_, _, 256>")]
     pub regions: Vec<RegionRecord>,
     /// Whether the VM has the in-kernel irqchip and PIT.
     pub irqchip: bool,
@@ -59,13 +60,15 @@ pub struct SnapshotState {
     pub linux: bool,
     /// Irqchip, PIT, clock.
     pub vm: VmState,
-    /// Every vCPU, in order.
+    /// Every vCPU, in order (at most 254, as `--cpus`).
+    #[serde(deserialize_with = "crate::persist::bounded::vec::<_, _, 254>")]
     pub vcpus: Vec<VcpuState>,
     /// COM1 and, for Linux, the CMOS.
     pub legacy: LegacyState,
     /// The PCI root (Linux guests).
     pub pci: Option<PciRootState>,
-    /// Every virtio-pci function, in bus order.
+    /// Every virtio-pci function, in bus order (bus 0 has 32 slots).
+    #[serde(deserialize_with = "crate::persist::bounded::vec::<_, _, 32>")]
     pub virtio: Vec<VirtioPciState>,
     /// How the VMM's caller opened the virtio devices (`VmConfig::device_specs`).
     pub device_specs: serde_json::Value,
