@@ -71,6 +71,13 @@ pub enum FidKind {
     },
     /// Result of Txattrcreate.
     XattrWrite(XattrWrite),
+    /// Restored from a snapshot whose path no longer leads to the same file (deleted or
+    /// replaced on the host since, or no longer openable): every operation but Tclunk fails
+    /// with `errno` (ESTALE when the file is gone).
+    Stale {
+        /// The error every operation answers.
+        errno: i32,
+    },
 }
 
 /// One fid: a node, its state and the user it acts for.
@@ -169,6 +176,17 @@ impl FidTable {
         self.len() == 0
     }
 
+    /// Every fid with its number, in ascending fid order (for snapshots).
+    pub fn entries(&self) -> Vec<(u32, Arc<Fid>)> {
+        let mut out = Vec::with_capacity(self.len());
+        for s in &self.shards {
+            let s = s.lock().unwrap_or_else(|p| p.into_inner());
+            out.extend(s.iter().map(|(&n, f)| (n, f.clone())));
+        }
+        out.sort_unstable_by_key(|&(n, _)| n);
+        out
+    }
+
     /// Drops every fid (Tversion resets the session).
     pub fn clear(&self) -> Vec<Arc<Fid>> {
         let mut out = Vec::new();
@@ -197,7 +215,7 @@ pub struct QidMap {
     other: Mutex<HashMap<(u64, u64), u64>>,
 }
 
-const FOREIGN_BASE: u64 = 1 << 63;
+pub(crate) const FOREIGN_BASE: u64 = 1 << 63;
 
 impl QidMap {
     /// A map for an export whose root lives on `root_dev`.

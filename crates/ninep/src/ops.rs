@@ -43,7 +43,7 @@ pub(crate) fn entry_name(name: &[u8]) -> SysResult<CString> {
 
 impl Session {
     /// Looks one component up beneath `dir`.
-    fn lookup(&self, dir: &Arc<Node>, name: &[u8]) -> SysResult<Arc<Node>> {
+    pub(crate) fn lookup(&self, dir: &Arc<Node>, name: &[u8]) -> SysResult<Arc<Node>> {
         match name {
             b"." => return Ok(dir.clone()),
             b".." => {
@@ -148,6 +148,9 @@ impl Session {
         // Tremove clunks the fid whatever the outcome.
         let f = self.fids.remove(fid).ok_or(Errno(libc::EBADF))?;
         let _ = self.finish_fid(&f);
+        if let FidKind::Stale { errno } = f.kind {
+            return Err(Errno(errno));
+        }
         let parent = f.node.parent.as_ref().ok_or(Errno(libc::EBUSY))?;
         let flags = if f.node.qid.kind & crate::fid::QT_DIR != 0 {
             libc::AT_REMOVEDIR

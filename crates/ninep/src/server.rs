@@ -5,7 +5,7 @@
 use std::ffi::CString;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 use std::sync::Arc;
 
 use thiserror::Error;
@@ -132,6 +132,7 @@ impl Server {
             server: self.clone(),
             fids: FidTable::new(self.cfg.max_fids),
             msize: AtomicU32::new(self.cfg.max_msize),
+            version: AtomicU8::new(VERSION_NONE),
         }
     }
 
@@ -174,8 +175,17 @@ pub struct Handled {
 pub struct Session {
     pub(crate) server: Arc<Server>,
     pub(crate) fids: FidTable,
-    msize: AtomicU32,
+    pub(crate) msize: AtomicU32,
+    /// The version Rversion answered: [`VERSION_NONE`] before any Tversion.
+    pub(crate) version: AtomicU8,
 }
+
+/// No Tversion yet.
+pub(crate) const VERSION_NONE: u8 = 0;
+/// Rversion answered `9P2000.L`.
+pub(crate) const VERSION_L: u8 = 1;
+/// Rversion answered `unknown`.
+pub(crate) const VERSION_UNKNOWN: u8 = 2;
 
 pub(crate) type OpResult = Result<(), Errno>;
 
@@ -336,11 +346,12 @@ impl Session {
         }
         let negotiated = msize.min(self.server.cfg.max_msize);
         self.msize.store(negotiated, Ordering::Relaxed);
-        let reply: &[u8] = if version.starts_with(b"9P2000.L") {
-            b"9P2000.L"
+        let (reply, code): (&[u8], u8) = if version.starts_with(b"9P2000.L") {
+            (b"9P2000.L", VERSION_L)
         } else {
-            b"unknown"
+            (b"unknown", VERSION_UNKNOWN)
         };
+        self.version.store(code, Ordering::Relaxed);
         Writer::begin(out, kind::TVERSION + 1, tag)
             .u32(negotiated)
             .string(reply)
@@ -367,9 +378,13 @@ impl Session {
         Ok(())
     }
 
-    /// Looks a fid up (EBADF when unknown).
+    /// Looks a fid up (EBADF when unknown; a stale restored fid answers its error).
     pub(crate) fn fid(&self, fid: u32) -> Result<Arc<Fid>, Errno> {
-        self.fids.get(fid).ok_or(Errno(libc::EBADF))
+        let f = self.fids.get(fid).ok_or(Errno(libc::EBADF))?;
+        if let FidKind::Stale { errno } = f.kind {
+            return Err(Errno(errno));
+        }
+        Ok(f)
     }
 
     /// Inserts a new fid (EBADF if in use, EMFILE when the table is full).

@@ -207,6 +207,23 @@ pub fn seek(fd: BorrowedFd<'_>, off: u64) -> SysResult<()> {
     }
 }
 
+/// `lseek(fd, 0, SEEK_CUR)`: the current offset (a directory's readdir position).
+pub fn tell(fd: BorrowedFd<'_>) -> SysResult<u64> {
+    // SAFETY: plain syscall on a valid fd.
+    let r = unsafe { libc::lseek64(fd.as_raw_fd(), 0, libc::SEEK_CUR) };
+    if r < 0 {
+        Err(Errno::last())
+    } else {
+        Ok(r as u64)
+    }
+}
+
+/// `fcntl(fd, F_GETFL)`: the open file's access mode and status flags.
+pub fn getfl(fd: BorrowedFd<'_>) -> SysResult<i32> {
+    // SAFETY: plain syscall on a valid fd.
+    check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) })
+}
+
 /// `getdents64(fd, buf)`: raw directory records.
 pub fn getdents(fd: BorrowedFd<'_>, buf: &mut [u8]) -> SysResult<usize> {
     // SAFETY: buf is valid for writes of buf.len() bytes.

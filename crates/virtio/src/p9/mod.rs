@@ -15,17 +15,20 @@
 //! `mount -t 9p -o trans=virtio,version=9p2000.L TAG /mnt`.
 
 mod serve;
+mod state;
 
 pub use densevm_9p::{Config as ServerConfig, IdMap, Session};
 pub use serve::{process_queue, MAX_CHAIN_DESCRIPTORS};
+pub use state::{P9State, QUIESCE_TIMEOUT};
 
 use crate::device::{ActivateError, DeviceQueue, VirtioDevice};
-use crate::worker::Worker;
+use crate::worker::Service;
 use crate::{device_type, features, Interrupt, Mem};
 use densevm_9p::{Server, ServerError};
 use serve::{Dispatcher, Pool};
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 use thiserror::Error;
 
 /// VIRTIO_9P_MOUNT_TAG: the configuration space holds a mount tag.
@@ -103,13 +106,17 @@ pub struct P9 {
     config: Vec<u8>,
     acked: u64,
     active: Option<Active>,
+    /// A session rebuilt by `restore_state`, served from the next activation on.
+    restored: Option<Session>,
+    /// How long a quiesce waits for the requests in flight.
+    quiesce_timeout: Duration,
     #[cfg(test)]
     hook: Option<serve::Hook>,
 }
 
-/// A serving device: the dispatcher thread and the pool it feeds.
+/// A serving device: the dispatcher thread (parked while quiesced) and the pool it feeds.
 struct Active {
-    dispatcher: Worker<Dispatcher>,
+    dispatcher: Service<Dispatcher>,
     pool: Arc<Pool>,
 }
 
@@ -144,6 +151,8 @@ impl P9 {
             config,
             acked: 0,
             active: None,
+            restored: None,
+            quiesce_timeout: QUIESCE_TIMEOUT,
             #[cfg(test)]
             hook: None,
         })
@@ -163,6 +172,12 @@ impl P9 {
     /// an activated device makes its own).
     pub fn session(&self) -> Session {
         self.server.session()
+    }
+
+    /// How long [`quiesce`](VirtioDevice::quiesce) waits for the requests in flight before
+    /// it gives up (default [`QUIESCE_TIMEOUT`]).
+    pub fn set_quiesce_timeout(&mut self, timeout: Duration) {
+        self.quiesce_timeout = timeout;
     }
 
     /// Test hook: runs on a pool thread with each request's tag before it is served.
@@ -205,21 +220,30 @@ impl VirtioDevice for P9 {
         let hook = self.hook.clone();
         #[cfg(not(test))]
         let hook = None;
+        let session = self
+            .restored
+            .take()
+            .unwrap_or_else(|| self.server.session());
         let pool = Arc::new(Pool::new(
-            self.server.session(),
+            session,
             mem,
             interrupt,
             queue,
             event.try_clone()?,
             hook,
         ));
-        let dispatcher = Worker::spawn("virtio-9p", vec![event], Dispatcher::new(pool.clone()))?;
+        let mut dispatcher = Service::default();
+        dispatcher.start("virtio-9p", vec![event], Dispatcher::new(pool.clone()))?;
         self.active = Some(Active { dispatcher, pool });
         Ok(())
     }
 
     fn reset(&mut self) {
-        if let Some(Active { dispatcher, pool }) = self.active.take() {
+        if let Some(Active {
+            mut dispatcher,
+            pool,
+        }) = self.active.take()
+        {
             // No new requests, then the requests in flight finish; the last reference to
             // the pool drops the session and with it every fid the guest held.
             drop(dispatcher.stop());
@@ -229,6 +253,22 @@ impl VirtioDevice for P9 {
 
     fn is_active(&self) -> bool {
         self.active.is_some()
+    }
+
+    fn quiesce(&mut self) -> Result<Vec<crate::QueuePosition>, crate::StateError> {
+        self.quiesce_device()
+    }
+
+    fn resume(&mut self) -> Result<(), crate::StateError> {
+        self.resume_device()
+    }
+
+    fn save_state(&self) -> Result<serde_json::Value, crate::StateError> {
+        self.state()
+    }
+
+    fn restore_state(&mut self, state: &serde_json::Value) -> Result<(), crate::StateError> {
+        self.apply_state(state)
     }
 }
 

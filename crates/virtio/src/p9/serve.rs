@@ -332,6 +332,8 @@ pub(crate) struct Pool {
     kick: EventFd,
     inner: Mutex<Inner>,
     work: Condvar,
+    /// Signalled when the last chain out comes back (or the ring breaks): quiesce waits on it.
+    drained: Condvar,
     hook: Option<Hook>,
 }
 
@@ -362,6 +364,7 @@ impl Pool {
                 broken: false,
             }),
             work: Condvar::new(),
+            drained: Condvar::new(),
             hook,
         }
     }
@@ -377,6 +380,7 @@ impl Pool {
             g.broken = true;
             self.interrupt.needs_reset();
             self.work.notify_all();
+            self.drained.notify_all();
         }
     }
 
@@ -396,6 +400,35 @@ impl Pool {
             g.stalled = false;
             let _ = self.kick.write(1);
         }
+        if g.outstanding == 0 {
+            self.drained.notify_all();
+        }
+    }
+
+    /// The session the pool serves.
+    pub(crate) fn session(&self) -> &Session {
+        &self.session
+    }
+
+    /// Waits until every chain popped is back in the used ring (interrupt raised), for at
+    /// most `timeout`; call with the dispatcher parked, so none is popped meanwhile. Returns
+    /// the queue's position, or `None` when a request was still being served at the
+    /// deadline. A broken ring counts as drained (nothing more will come back).
+    pub(crate) fn wait_drained(&self, timeout: Duration) -> Option<(u16, u16)> {
+        let deadline = std::time::Instant::now() + timeout;
+        let mut g = self.lock();
+        while g.outstanding > 0 && !g.broken {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            g = self
+                .drained
+                .wait_timeout(g, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        Some((g.queue.next_avail(), g.queue.next_used()))
     }
 
     /// A served request is done: its chain goes back, then the Rflushes that waited for it.

@@ -769,3 +769,6 @@ fn process_queue_serves_synchronously() {
     mq.set_avail_idx(reqs.len() as u16 + QUEUE_SIZE + 1);
     assert!(process_queue(&session, &mut q, &mq.mem, &irq).is_err());
 }
+
+#[path = "state_tests.rs"]
+mod state_tests;
