@@ -10,7 +10,7 @@ LAB_SCRIPT ?= lab/tests/qemu-l2-boot.sh
 LAB_TESTS ?= $(sort $(wildcard lab/tests/*.sh))
 # Limit for one lab test's whole L1 run: each test takes 0.5–3 minutes here, but TCG runs
 # everything several times slower on a loaded host, and a test's own timeouts fire first.
-LAB_TEST_TIMEOUT ?= 900
+LAB_TEST_TIMEOUT ?= 600
 
 .PHONY: guest lab test-lab bench-lab bench-virtio test-kernel-real
 
@@ -22,15 +22,19 @@ lab: guest
 
 # Each test's output is kept in build/lab/tests/NAME.out; a failed test's last lines are
 # repeated at the end so that the tail of a CI log says why it failed. A run whose L1 died
-# before the script reported its exit code (QEMU or the L1 kernel crashed) or whose L1 kernel
-# stalled (a CPU soft-locked for LAB_STALL_S, see lab/run) is repeated once; a script's own
-# failure and an L1 timeout are not.
+# before the script reported its exit code (QEMU or the L1 kernel crashed), whose L1 kernel
+# stalled (a CPU soft-locked for LAB_STALL_S, see lab/run) or that hit its L1 timeout is
+# repeated once, saying so; a script's own failure is not. (An L1 that stops making progress
+# without a lockup report has been seen in virtio-devices' boot C: once in three CI runs in
+# session 4, once in two in session 5, QEMU busy at 160-180 % CPU or idle at 0-13 %; the same
+# test then passed alone. Its cause is not known: see the issue notes.)
 test-lab: guest test-kernel-real
 	@mkdir -p build/lab/tests; failed=""; for t in $(LAB_TESTS); do \
 	  echo "== lab test $$t"; out=build/lab/tests/$$(basename $$t .sh).out; \
 	  DENSEVM=$(LAB_DENSEVM) LAB_TIMEOUT=$(LAB_TEST_TIMEOUT) lab/run $$t 2>&1 | tee $$out; \
-	  if grep -q -e "^lab: error: L1 ended" -e "^lab: error: L1 stalled" $$out; then \
-	    echo "lab: L1 died or stalled before the script ended (not a test verdict); running $$t once more"; \
+	  if grep -q -e "^lab: error: L1 ended" -e "^lab: error: L1 stalled" -e "^lab: error: L1 timed out" $$out; then \
+	    cp $$out $$out.first; \
+	    echo "lab: L1 died, stalled or timed out before the script ended (kept in $$out.first); running $$t once more"; \
 	    DENSEVM=$(LAB_DENSEVM) LAB_TIMEOUT=$(LAB_TEST_TIMEOUT) lab/run $$t 2>&1 | tee $$out; \
 	  fi; \
 	  grep -q "^lab: script exited with 0 after" $$out || failed="$$failed $$t"; \
