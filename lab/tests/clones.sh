@@ -1,11 +1,13 @@
 #!/bin/sh
 # Fork-on-write clones of a running Linux VM (issue #11), one L1 boot:
-# a stock Debian L2 with a writable pcow disk, a read-only raw disk, virtio-rng, an API
-# socket and a console socket runs a shell on its console. It is paused, snapshotted and
+# a stock Debian L2 with a writable pcow disk, a read-only raw disk, a 9p share (mounted,
+# a file held open), virtio-rng, an API socket and a console socket runs a shell on its
+# console. It is paused, snapshotted and
 # resumed; then cloned 4 times (`densevm vm clone`). Every clone keeps running and answers
 # on its own console (densevm console), writes its own disk overlay (the parent's image and
 # the other clones' overlays do not see it), reads the read-only disk and the hwrng, and
-# sees a new VMGenID; the parent keeps running, with its own writes in its own overlay.
+# sees a new VMGenID, reads on through the file it had open in the share and writes its own
+# file there; the parent keeps running, with its own writes in its own overlay.
 # The shared guest RAM: each clone's PSS is well below its RSS.
 . "$LAB_SRC/lib/test-lib.sh"
 need_l2_densevm
@@ -17,9 +19,14 @@ N=4
 densevm image create disk.pcow 64M > /dev/null || fail "image create"
 head -c 4194304 /dev/urandom > ro.raw
 ro_md5=$(md5sum < ro.raw | cut -d' ' -f1)
+mkdir share
+seq 1 200000 > share/numbers
+share_md5=$(md5sum < share/numbers | cut -d' ' -f1)
 
 GUEST=$(cat <<'EOF'
 wait_dev /dev/vda /dev/vdb /dev/hwrng
+mkdir -p /mnt/share && mount -t 9p -o trans=virtio,version=9p2000.L share /mnt/share || echo MOUNT-FAILED
+exec 7< /mnt/share/numbers && read -r first <&7 && echo "SHARE-OPEN-$first"
 readid() { dd if=/dev/mem bs=16 skip=$((0xef000 / 16)) count=1 2>/dev/null | od -An -tx1 | tr -d ' \n'; }
 echo "PARENT-DISK-$(echo parent-before | dd of=/dev/vda bs=512 seek=8 conv=fsync 2>/dev/null; echo ok)"
 (while :; do echo "TICK $(cut -d' ' -f1 /proc/uptime)"; sleep 2; done) &
@@ -27,16 +34,17 @@ echo READY-FOR-INPUT
 while read -r line; do eval "$line"; done
 EOF
 )
-L2_MODULES=virtio_pci,virtio_blk,virtio_rng
+L2_MODULES=virtio_pci,virtio_blk,virtio_rng,9pnet_virtio,9p
 l2_start "$W/parent.log" "$GUEST_INITRD" "$GUEST_FNS
 $GUEST" --api-sock "$W/api.sock" --console-sock "$W/console.sock" \
-  --disk "$W/disk.pcow" --disk "$W/ro.raw,readonly" --rng
+  --disk "$W/disk.pcow" --disk "$W/ro.raw,readonly" --share "$W/share,tag=share" --rng
 parent=$L2_PID
 trap 'kill $parent $(cat "$W"/pids 2>/dev/null) 2>/dev/null' EXIT
 wait_for_line_pid "$W/parent.log" READY-FOR-INPUT 600 "$parent" || {
   tail -n 30 "$W/parent.log"; fail "the guest never got ready"
 }
 grep -q PARENT-DISK-ok "$W/parent.log" || fail "the parent could not write its disk"
+grep -q SHARE-OPEN-1 "$W/parent.log" || fail "the parent could not mount the share and open a file in it"
 ask() { # ask SOCK LOG CMD ANSWER: types CMD, waits for ANSWER
   densevm console --sock "$1" --send="$3\n" --wait-for="$4" --console-file "$2" --timeout 120 ||
     { tail -n 15 "$2"; fail "no '$4' after typing '$3' on $1"; }
@@ -69,10 +77,13 @@ while [ $k -lt $N ]; do
   kill -0 "$pid" 2>/dev/null || { tail "$log"; fail "clone $k (pid $pid) is not running"; }
   ask "$sock" "$log" "echo C$k-\$(echo clone-$k-data | dd of=/dev/vda bs=512 seek=8 conv=fsync 2>/dev/null; echo wrote)" "C$k-wrote"
   ask "$sock" "$log" "echo R$k-\$(md5sum < /dev/vdb | cut -c1-32)-\$(head -c 16 /dev/hwrng | wc -c)" "R$k-$ro_md5-16"
+  # fd 7 was opened before the clone: the clone's 9p server restored it and reads on.
+  ask "$sock" "$log" "echo S$k-\$(read -r l <&7; echo \$l)-\$(md5sum < /mnt/share/numbers | cut -c1-32)-\$(echo c$k > /mnt/share/from-clone-$k && echo w)" "S$k-2-$share_md5-w"
   ask "$sock" "$log" "echo ID$k-\$(readid)-\$((40+2))" -42
   id=$(tr -d '\r' < "$log" | sed -n "s/^ID$k-\([0-9a-f]\{32\}\)-42\$/\1/p" | tail -n 1)
   [ -n "$id" ] && [ "$id" != "$parent_id" ] || fail "clone $k: VMGenID '$id' is not new (parent $parent_id)"
-  echo "clone $k: answers, wrote its disk, read-only disk and hwrng fine, VMGenID $id"
+  [ "$(cat "$W/share/from-clone-$k")" = "c$k" ] || fail "clone $k's file is not in the share"
+  echo "clone $k: answers, wrote its disk, read-only disk and hwrng fine, read on through its open share file and wrote one, VMGenID $id"
   k=$((k + 1))
 done
 ask "$W/console.sock" "$W/parent.log" 'echo P-$(echo parent-after | dd of=/dev/vda bs=512 seek=8 conv=fsync 2>/dev/null; echo wrote)' P-wrote
