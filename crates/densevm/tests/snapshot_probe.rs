@@ -170,6 +170,32 @@ fn a_paused_probe_snapshot_restores_twice_and_continues_its_script() {
             "the restored VM ran the script from its start: {text}"
         );
     }
+    // Two more from the snapshot with the CLI verb (detached processes, consoles in the
+    // snapshot directory).
+    let out = densevm()
+        .args(["vm", "clone-from", "--count", "2", "--json", "--snapshot"])
+        .arg(&snap)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "clone-from: {}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    let doc: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let clones = doc["clones"].as_array().unwrap();
+    assert_eq!(clones.len(), 2, "{doc}");
+    for c in clones {
+        let console = PathBuf::from(c["console"].as_str().unwrap());
+        wait_for(&console, &second);
+        let text = std::fs::read_to_string(&console).unwrap();
+        assert!(text.contains(&first), "clone-from: {text}");
+        assert!(
+            !text.contains("write ram 8M"),
+            "clone-from reran the script: {text}"
+        );
+    }
     assert_eq!(
         file_hash(&snap.join("memory")),
         before,

@@ -84,9 +84,13 @@ pub fn spawn_clones(
     ram: Option<&OwnedFd>,
 ) -> anyhow::Result<Vec<CloneInfo>> {
     let exe = std::env::current_exe()?;
+    // Clones started earlier from the same directory keep their numbers and sockets.
+    let first = (0..)
+        .find(|k| !dir.join(format!("clone-{k}.console")).exists())
+        .unwrap_or(0);
     let mut children = Vec::new();
     let mut infos = Vec::new();
-    for index in 0..count {
+    for index in first..first + count {
         let sock = dir.join(format!("clone-{index}.sock"));
         let console = dir.join(format!("clone-{index}.console"));
         let console_sock = dir.join(format!("clone-{index}.console.sock"));

@@ -54,6 +54,20 @@ enum VmCommand {
         #[arg(long, value_name = "DIR")]
         dir: PathBuf,
     },
+    /// Start COUNT VMs from a snapshot directory (`densevm vm snapshot`), each a `densevm run
+    /// --restore` process with its sockets and console file in the directory; they map its
+    /// memory file copy-on-write, so pages none of them writes exist once in the page cache.
+    CloneFrom {
+        /// The snapshot directory.
+        #[arg(long, value_name = "DIR")]
+        snapshot: PathBuf,
+        /// How many clones.
+        #[arg(long, default_value_t = 1)]
+        count: u32,
+        /// Print the result as JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn done(json: bool, doc: serde_json::Value, human: String) -> anyhow::Result<i32> {
@@ -114,6 +128,38 @@ pub fn main(args: VmArgs) -> anyhow::Result<i32> {
                 ));
             }
             done(sock.json, json!({"clones": list.clones, "ms": ms}), human)
+        }
+        VmCommand::CloneFrom {
+            snapshot,
+            count,
+            json,
+        } => {
+            if count == 0 || count > densevm_api::types::MAX_CLONES {
+                anyhow::bail!("--count must be 1..={}", densevm_api::types::MAX_CLONES);
+            }
+            let t0 = Instant::now();
+            let state = densevm_vmm::snapshot::restore::read_snapshot(&snapshot)?;
+            let specs: crate::cmd::devices::DeviceSpecs = if state.device_specs.is_null() {
+                Default::default()
+            } else {
+                serde_json::from_value(state.device_specs)?
+            };
+            if let Some(d) = specs.disks.iter().find(|d| !d.readonly) {
+                anyhow::bail!(
+                    "the snapshot's VM had a writable disk ({}): clones started from the snapshot would all write it. Clone the running VM instead (densevm vm clone, which gives each clone an overlay), or snapshot a VM whose disks are readonly",
+                    d.path.display()
+                );
+            }
+            let clones = crate::cmd::clones::spawn_clones(&snapshot, count, None)?;
+            let ms = t0.elapsed().as_secs_f64() * 1e3;
+            let mut human = format!("{} clones running ({ms:.1} ms):", clones.len());
+            for c in &clones {
+                human.push_str(&format!(
+                    "\n  clone {}: pid {}, api {}, console {}",
+                    c.index, c.pid, c.api_sock, c.console
+                ));
+            }
+            done(json, json!({"clones": clones, "ms": ms}), human)
         }
     }
 }
