@@ -226,7 +226,7 @@ fn a_vcpu_restores_field_by_field() {
     let vm2 = new_vm();
     let fd2 = new_vcpu(&vm2);
     restore_vm(vm2.fd(), &back.vm).expect("restore_vm");
-    restore_vcpu(&fd2, &back.vcpu).expect("restore_vcpu");
+    restore_vcpu(&fd2, vm2.kvm(), &back.vcpu).expect("restore_vcpu");
     let again = save_vcpu(&fd2, vm2.kvm()).expect("save_vcpu after restore");
 
     assert_eq!(again.cpuid, saved.cpuid, "CPUID");
@@ -379,7 +379,7 @@ fn a_vm_without_irqchip_round_trips_and_refuses_chip_or_lapic_state() {
     assert!(state.lapic.is_none());
     let other = Vm::new().unwrap();
     let fd2 = other.fd().create_vcpu(0).unwrap();
-    restore_vcpu(&fd2, &state).expect("restore_vcpu without irqchip");
+    restore_vcpu(&fd2, other.kvm(), &state).expect("restore_vcpu without irqchip");
 
     // A chip state cannot go into a VM without the chips, nor a LAPIC into a vCPU
     // without one.
@@ -390,6 +390,11 @@ fn a_vm_without_irqchip_round_trips_and_refuses_chip_or_lapic_state() {
     assert!(err.to_string().contains("create them"), "{err}");
     let with_lapic = save_vcpu(&new_vcpu(&chip_vm), chip_vm.kvm()).unwrap();
     let third = Vm::new().unwrap();
-    let err = restore_vcpu(&third.fd().create_vcpu(0).unwrap(), &with_lapic).unwrap_err();
+    let err = restore_vcpu(
+        &third.fd().create_vcpu(0).unwrap(),
+        third.kvm(),
+        &with_lapic,
+    )
+    .unwrap_err();
     assert!(matches!(err, PersistError::NoIrqchip), "{err}");
 }

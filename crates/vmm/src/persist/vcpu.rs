@@ -170,15 +170,10 @@ pub fn save_vcpu(fd: &VcpuFd, kvm: &Kvm) -> Result<VcpuState, PersistError> {
 
 /// Restores `state` into the vCPU `fd`, in the order KVM requires (see the module docs).
 /// `fd` must be a new vCPU of a VM built like the saved one (same vCPU id, an in-kernel
-/// irqchip if the state has a LAPIC) that has not run yet.
-pub fn restore_vcpu(fd: &VcpuFd, state: &VcpuState) -> Result<(), PersistError> {
-    // The XSAVE size and the TSC-scaling capability are properties of this host's KVM.
-    let kvm = Kvm::new().map_err(|e| PersistError::Io {
-        what: "open",
-        path: "/dev/kvm".into(),
-        error: std::io::Error::from_raw_os_error(e.errno()),
-    })?;
-    set_tsc_khz(fd, &kvm, state.tsc_khz)?;
+/// irqchip if the state has a LAPIC) that has not run yet; `kvm` is the VM's `/dev/kvm`
+/// (the XSAVE size and the TSC-scaling capability are properties of this host's KVM).
+pub fn restore_vcpu(fd: &VcpuFd, kvm: &Kvm, state: &VcpuState) -> Result<(), PersistError> {
+    set_tsc_khz(fd, kvm, state.tsc_khz)?;
     let cpuid = CpuId::from_entries(&state.cpuid).map_err(|e| PersistError::InvalidState {
         what: "CPUID table",
         detail: format!("{} entries: {e:?}", state.cpuid.len()),
@@ -189,7 +184,7 @@ pub fn restore_vcpu(fd: &VcpuFd, state: &VcpuState) -> Result<(), PersistError> 
     fd.set_regs(&state.regs).map_err(kvm_err("KVM_SET_REGS"))?;
     fd.set_sregs(&state.sregs)
         .map_err(kvm_err("KVM_SET_SREGS"))?;
-    set_xsave(fd, &kvm, &state.xsave)?;
+    set_xsave(fd, kvm, &state.xsave)?;
     if let Some(xcrs) = &state.xcrs {
         fd.set_xcrs(xcrs).map_err(kvm_err("KVM_SET_XCRS"))?;
     }

@@ -165,7 +165,8 @@ pub fn build_restored(
     let mut vcpus = Vec::with_capacity(state.vcpus.len());
     for (i, saved) in (0..cpus).zip(&state.vcpus) {
         let fd = create_vcpu(&vm, i, cpus)?;
-        persist::restore_vcpu(&fd, saved).map_err(|e| bad(&dir, format!("vCPU {i}: {e}")))?;
+        persist::restore_vcpu(&fd, vm.kvm(), saved)
+            .map_err(|e| bad(&dir, format!("vCPU {i}: {e}")))?;
         vcpus.push(Vcpu::new(i, fd));
     }
     if state.linux {
