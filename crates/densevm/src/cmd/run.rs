@@ -359,12 +359,13 @@ fn restore_main(args: RunArgs, origin: Instant) -> anyhow::Result<i32> {
     let (devices, disk_handles) = specs
         .open()
         .with_context(|| format!("snapshot {}: cannot open its devices again", dir.display()))?;
-    let vmm = densevm_vmm::build_restored(
+    let mut vmm = densevm_vmm::build_restored(
         densevm_vmm::RestoreSource {
             dir: dir.clone(),
             ram,
             instance: args.clone_index.map_or(0, |k| k + 1),
         },
+        state,
         devices,
         console,
         timeout,
@@ -372,7 +373,6 @@ fn restore_main(args: RunArgs, origin: Instant) -> anyhow::Result<i32> {
         args.report || args.json,
     )
     .with_context(|| format!("could not restore the VM from {}", dir.display()))?;
-    let mut vmm = vmm;
     if let Some(fd) = args.ready_fd {
         vmm.on_running(crate::cmd::clones::signal_ready(fd));
     }

@@ -60,10 +60,12 @@ pub(crate) fn check_state(state: &SnapshotState) -> Result<(), String> {
     Ok(())
 }
 
-/// Builds a paused-at-birth VM from `source`; it continues where the snapshot was taken
-/// when run.
+/// Builds a paused-at-birth VM from `source`, whose state the caller read with
+/// [`read_snapshot`] (and opened `devices` from); it continues where the snapshot was
+/// taken when run.
 pub fn build_restored(
     source: RestoreSource,
+    state: SnapshotState,
     devices: Vec<Box<dyn densevm_virtio::VirtioDevice>>,
     console: Box<dyn Write + Send>,
     timeout: Option<Duration>,
@@ -71,9 +73,8 @@ pub fn build_restored(
     report_memory: bool,
 ) -> Result<Vmm, VmmError> {
     let mut trace = BootTrace::new(origin);
-    let dir = source.dir;
-    let state = read_snapshot(&dir)?;
     trace.mark("state_read");
+    let dir = source.dir;
     kick::install().map_err(|source| VmmError::Host {
         what: "installing the vCPU kick signal handler",
         source,
@@ -191,7 +192,7 @@ pub fn build_restored(
             linux: state.linux,
             ram,
             memory_bytes: state.memory_bytes,
-            device_specs: state.device_specs.clone(),
+            device_specs: state.device_specs,
         },
     );
     vmm.notify_vmgenid = state.linux;
