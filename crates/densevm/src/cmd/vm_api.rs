@@ -4,7 +4,7 @@
 use crate::cmd::clones::{overlay_hook, spawn_clones};
 use densevm_api::request::ApiRequest;
 use densevm_api::server::{ApiResponse, ApiServer, ApiServerHandle};
-use densevm_api::types::{CloneList, InstanceInfo, InstanceState, SnapshotType, VmState};
+use densevm_api::types::{CloneList, InstanceInfo, InstanceState, VmState};
 use densevm_virtio::block::BackendHandle;
 use densevm_vmm::{ControlError, RunState, VmmHandle};
 use std::path::{Path, PathBuf};
@@ -57,17 +57,12 @@ pub fn serve(
                     Err(e) => error_response(e),
                 }
             }
+            // "Full" and "Template" are written alike: a template kept on disk for later
+            // clones needs its RAM in a file there, which a full snapshot is (clones map
+            // its memory file private). Clones of the running VM use POST /clones.
             ApiRequest::CreateSnapshot(params) => {
-                let dir = PathBuf::from(&params.snapshot_path);
-                let result = match params.snapshot_type {
-                    SnapshotType::Full => handle.snapshot(dir).map(|_| ()),
-                    // A template kept for later clones from the directory needs its RAM
-                    // in a file there: that is a full snapshot (clones map its memory
-                    // file private). Clones of the running VM use POST /clones.
-                    SnapshotType::Template => handle.snapshot(dir).map(|_| ()),
-                };
-                match result {
-                    Ok(()) => ApiResponse::no_content(),
+                match handle.snapshot(PathBuf::from(&params.snapshot_path)) {
+                    Ok(_) => ApiResponse::no_content(),
                     Err(e) => error_response(e),
                 }
             }

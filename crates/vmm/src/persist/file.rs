@@ -58,9 +58,8 @@ fn temp_path(path: &Path) -> PathBuf {
     path.with_file_name(format!(".{name}.tmp-{}", std::process::id()))
 }
 
-/// Writes `payload` as a state file at `path`, atomically: a crash leaves either what was
-/// there before or the complete new file.
-pub fn write_state<T: Serialize>(path: &Path, payload: &T) -> Result<(), PersistError> {
+/// `payload` as the JSON payload of a state file at `path` (checked against the limit).
+fn encode<T: Serialize>(path: &Path, payload: &T) -> Result<Vec<u8>, PersistError> {
     let encode_err = |detail: String| PersistError::Encode {
         path: path.to_path_buf(),
         detail,
@@ -75,6 +74,13 @@ pub fn write_state<T: Serialize>(path: &Path, payload: &T) -> Result<(), Persist
     if path.file_name().is_none() {
         return Err(encode_err("the path names no file".into()));
     }
+    Ok(json)
+}
+
+/// Writes `payload` as a state file at `path`, atomically: a crash leaves either what was
+/// there before or the complete new file.
+pub fn write_state<T: Serialize>(path: &Path, payload: &T) -> Result<(), PersistError> {
+    let json = encode(path, payload)?;
     let tmp = temp_path(path);
     let result = write_synced(&tmp, &header(&json), &json)
         .and_then(|()| fs::rename(&tmp, path).map_err(io_err("rename into place", path)));
@@ -95,19 +101,7 @@ pub fn write_state<T: Serialize>(path: &Path, payload: &T) -> Result<(), Persist
 /// Like [`write_state`] without the syncs, for state that need not survive a host crash
 /// (a clone template's state lives no longer than its RAM file, which is in memory).
 pub fn write_state_volatile<T: Serialize>(path: &Path, payload: &T) -> Result<(), PersistError> {
-    let json = serde_json::to_vec(payload).map_err(|e| PersistError::Encode {
-        path: path.to_path_buf(),
-        detail: e.to_string(),
-    })?;
-    if json.len() as u64 > MAX_PAYLOAD {
-        return Err(PersistError::Encode {
-            path: path.to_path_buf(),
-            detail: format!(
-                "{} bytes of JSON, more than the {MAX_PAYLOAD}-byte limit",
-                json.len()
-            ),
-        });
-    }
+    let json = encode(path, payload)?;
     let mut data = header(&json).to_vec();
     data.extend_from_slice(&json);
     fs::write(path, data).map_err(io_err("write", path))
