@@ -197,3 +197,18 @@ impl MockQueue {
             .collect()
     }
 }
+
+/// MSI routes that record every route the transport programs, in order (tests of the
+/// virtio-pci transport and its saved state).
+#[derive(Default)]
+pub struct RecordingRoutes(pub std::sync::Mutex<Vec<(u32, densevm_devices::pci::MsiMessage)>>);
+
+impl densevm_devices::pci::MsiRoutes for RecordingRoutes {
+    fn set_route(&self, gsi: u32, msg: densevm_devices::pci::MsiMessage) -> std::io::Result<()> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((gsi, msg));
+        Ok(())
+    }
+}

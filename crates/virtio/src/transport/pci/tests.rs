@@ -7,19 +7,11 @@ use crate::pmem::{FlushFn, Pmem};
 use crate::testing::{guest_memory, MockQueue};
 use densevm_devices::pci::MsiMessage;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 const BAR: u32 = 0xd000_0000;
 
-#[derive(Default)]
-struct Routes(Mutex<Vec<(u32, MsiMessage)>>);
-impl MsiRoutes for Routes {
-    fn set_route(&self, gsi: u32, msg: MsiMessage) -> std::io::Result<()> {
-        self.0.lock().unwrap().push((gsi, msg));
-        Ok(())
-    }
-}
+use crate::testing::RecordingRoutes as Routes;
 
 struct Driver {
     dev: VirtioPci,

@@ -10,7 +10,6 @@ use crate::rng::Rng;
 use crate::testing::{guest_memory, MockQueue};
 use crate::StateError;
 use densevm_devices::pci::{MsiMessage, PciStateError};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 const BAR: u32 = 0xd000_0000;
@@ -18,14 +17,7 @@ const MEM: usize = 4 << 20;
 /// MSI messages the driver programs: vector 0 (configuration) and 1 (queue 0).
 const MSG: [(u32, u32); 2] = [(0xfee0_0000, 0x40), (0xfee0_1000, 0x41)];
 
-#[derive(Default)]
-struct Routes(Mutex<Vec<(u32, MsiMessage)>>);
-impl MsiRoutes for Routes {
-    fn set_route(&self, gsi: u32, msg: MsiMessage) -> std::io::Result<()> {
-        self.0.lock().unwrap().push((gsi, msg));
-        Ok(())
-    }
-}
+use crate::testing::RecordingRoutes as Routes;
 
 /// A function and what the VMM would hold for it.
 struct Function {
