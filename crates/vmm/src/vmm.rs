@@ -220,11 +220,10 @@ impl Vmm {
             .take()
             .ok_or_else(|| VmmError::Config("the VM's event loop already ran".into()))?;
         let deadline = self.timeout.map(|t| Instant::now() + t);
-        let mut halted = 0;
+        let (mut halted, mut left) = (0, 0);
         let end = loop {
-            let wait = deadline.map_or(Duration::from_secs(1), |d| {
+            let wait = deadline.map_or(Duration::from_secs(3600), |d| {
                 d.saturating_duration_since(Instant::now())
-                    .min(Duration::from_secs(1))
             });
             let event = match rx.recv_timeout(wait) {
                 Ok(LoopEvent::Vcpu(event)) => event,
@@ -235,17 +234,21 @@ impl Vmm {
                 Err(RecvTimeoutError::Timeout) if deadline.is_some_and(|d| Instant::now() >= d) => {
                     break VmEnd::TimedOut(self.timeout.unwrap_or_default());
                 }
-                // Every vCPU thread reports before it leaves; this only catches one
-                // that died without a word.
-                Err(RecvTimeoutError::Timeout) if threads.iter().all(|h| h.is_finished()) => {
-                    break VmEnd::AllHalted;
-                }
                 Err(RecvTimeoutError::Timeout) => continue,
                 Err(RecvTimeoutError::Disconnected) => break VmEnd::AllHalted,
             };
             if let VcpuEvent::Halted(_) = event {
                 halted += 1;
                 if halted == self.cpus {
+                    break VmEnd::AllHalted;
+                }
+                continue;
+            }
+            // Every vCPU thread says so when it leaves (even by a panic, see `Vcpu::run`):
+            // when all have left unasked, nothing runs the guest any more.
+            if let VcpuEvent::Stopped(_) = event {
+                left += 1;
+                if left == self.cpus {
                     break VmEnd::AllHalted;
                 }
                 continue;

@@ -251,6 +251,17 @@ impl Vcpu {
 
     /// Runs until the VM stops; reports through `events`. Call on the vCPU's own thread.
     pub fn run(mut self, shared: Arc<VcpuShared>, events: EventSink) {
+        /// Leaves the run loop for good however the thread ends (a panic included): the
+        /// pause gate stops waiting for it and the control loop learns it is gone.
+        struct Leave<'a>(u32, &'a VcpuShared, &'a EventSink);
+        impl Drop for Leave<'_> {
+            fn drop(&mut self) {
+                self.1.pause.leave();
+                kick::unbind();
+                let _ = self.2.send(VcpuEvent::Stopped(self.0));
+            }
+        }
+        let _leave = Leave(self.id, &shared, &events);
         let immediate_exit = std::ptr::addr_of_mut!(self.fd.get_kvm_run().immediate_exit);
         kick::bind(immediate_exit);
         let _ = events.send(VcpuEvent::FirstEntry(self.id, Instant::now()));
@@ -273,9 +284,6 @@ impl Vcpu {
                 Step::Stop => break,
             }
         }
-        shared.pause.leave();
-        kick::unbind();
-        let _ = events.send(VcpuEvent::Stopped(self.id));
     }
 
     fn rip(&self) -> u64 {
