@@ -36,6 +36,10 @@ pub struct MapOptions {
     /// sleeping on a futex. Both yield the CPU between polls (a woken faulting thread usually
     /// runs on the same CPU). Costs at most this much CPU time per burst; zero disables it.
     pub spin: Duration,
+    /// Map at this host address (aligned to the cluster size and 2 MiB, the range free)
+    /// instead of a new one: a VM's region moved onto another chain keeps the address its
+    /// memory slots and devices know (a clone template's parent going on in an overlay).
+    pub at: Option<u64>,
 }
 
 impl Default for MapOptions {
@@ -46,6 +50,7 @@ impl Default for MapOptions {
             pool_clusters: 256,
             staging: false,
             spin: Duration::from_micros(50),
+            at: None,
         }
     }
 }
@@ -179,7 +184,44 @@ impl WriteFaultHandle {
     }
 }
 
-fn reserve(len: u64, align: u64) -> Result<u64> {
+fn reserve(len: u64, align: u64, at: Option<u64>) -> Result<u64> {
+    if let Some(addr) = at {
+        if addr == 0 || addr % align != 0 {
+            return Err(PmemError::Invalid(format!(
+                "cannot map at {addr:#x}: not aligned to {align:#x}"
+            )));
+        }
+        // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping; the kernel fails
+        // (or, before 4.17, returns another address, checked below) if the range is taken.
+        let p = unsafe {
+            libc::mmap(
+                addr as *mut libc::c_void,
+                len as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE
+                    | libc::MAP_ANONYMOUS
+                    | libc::MAP_NORESERVE
+                    | libc::MAP_FIXED_NOREPLACE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(sys(
+                "mmap (reserve the region at its old address)",
+                addr,
+                len,
+            ));
+        }
+        if p as u64 != addr {
+            // SAFETY: unmapping the reservation the kernel placed elsewhere, ours alone.
+            unsafe { libc::munmap(p, len as usize) };
+            return Err(PmemError::Invalid(format!(
+                "cannot map at {addr:#x}: the kernel placed the region elsewhere"
+            )));
+        }
+        return Ok(addr);
+    }
     let total = len + align;
     // SAFETY: a fresh anonymous private reservation; nothing else refers to it.
     let p = unsafe {
@@ -300,7 +342,7 @@ impl PmemRegion {
         let writable = files.first().is_some_and(|f| f.writable);
         let fds0 = fds[0];
         let reserved = size.next_multiple_of(cs);
-        let base = reserve(reserved, cs.max(2 << 20))?;
+        let base = reserve(reserved, cs.max(2 << 20), opts.at)?;
         let uffd = Uffd::new().map_err(PmemError::Userfaultfd)?;
         let runs = initial_runs(&chain, size);
         let inner = Arc::new(Inner {

@@ -204,7 +204,6 @@ impl StateError {
     pub fn unsupported(device_type: u32) -> Self {
         let (why, what_to_do) = match device_type {
             device_type::P9 => ("open fids", "snapshot a VM without --share"),
-            device_type::PMEM => ("the mapped pcow region", "snapshot a VM without --pmem"),
             _ => (
                 "not implemented for this device",
                 "snapshot a VM without it",

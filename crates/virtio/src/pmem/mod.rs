@@ -7,10 +7,12 @@
 
 use crate::device::{ActivateError, DeviceQueue, VirtioDevice};
 use crate::queue;
-use crate::worker::{QueueHandler, Worker};
+use crate::state::{decode, encode, QueuePosition, StateError};
+use crate::worker::{QueueHandler, Service};
 use crate::{device_type, features, Interrupt, Mem};
+use serde::{Deserialize, Serialize};
 use std::sync::Arc;
-use virtio_queue::{DescriptorChain, Queue};
+use virtio_queue::{DescriptorChain, Queue, QueueT};
 
 /// Makes everything the guest wrote to the range durable (pcow: data, then metadata).
 pub type FlushFn = Arc<dyn Fn() -> std::io::Result<()> + Send + Sync>;
@@ -25,7 +27,21 @@ pub struct Pmem {
     start: u64,
     size: u64,
     flush: FlushFn,
-    worker: Option<Worker<Handler>>,
+    acked: u64,
+    worker: Service<Handler>,
+}
+
+/// What a snapshot holds of a virtio-pmem device (its queue is saved by the transport; the
+/// region's contents are the pcow image, flushed when the device is quiesced).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PmemState {
+    /// Features the driver accepted.
+    pub acked_features: u64,
+    /// Guest-physical start of the range.
+    pub start: u64,
+    /// Size of the range in bytes.
+    pub size: u64,
 }
 
 impl Pmem {
@@ -35,7 +51,8 @@ impl Pmem {
             start,
             size,
             flush,
-            worker: None,
+            acked: 0,
+            worker: Service::default(),
         }
     }
 }
@@ -122,7 +139,9 @@ impl VirtioDevice for Pmem {
         features::COMMON
     }
 
-    fn ack_features(&mut self, _features: u64) {}
+    fn ack_features(&mut self, features: u64) {
+        self.acked = features & self.features();
+    }
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
         let mut cfg = [0u8; 16];
@@ -137,26 +156,86 @@ impl VirtioDevice for Pmem {
         interrupt: Arc<dyn Interrupt>,
         queues: Vec<DeviceQueue>,
     ) -> Result<(), ActivateError> {
-        let [q]: [DeviceQueue; 1] =
-            queues
-                .try_into()
-                .map_err(|v: Vec<_>| ActivateError::QueueCount {
-                    want: 1,
-                    got: v.len(),
-                })?;
-        let handler = Handler::new(mem, q.queue, interrupt, self.flush.clone());
-        self.worker = Some(Worker::spawn("virtio-pmem", vec![q.event], handler)?);
+        self.reset();
+        let DeviceQueue { queue, event } = crate::device::single_queue(queues, &mem, self.acked)?;
+        let handler = Handler::new(mem, queue, interrupt, self.flush.clone());
+        self.worker.start("virtio-pmem", vec![event], handler)?;
         Ok(())
     }
 
     fn reset(&mut self) {
-        if let Some(w) = self.worker.take() {
-            w.stop();
-        }
+        drop(self.worker.stop());
     }
 
     fn is_active(&self) -> bool {
-        self.worker.is_some()
+        self.worker.is_active()
+    }
+
+    /// Stops the worker between two requests, then makes the region durable: a snapshot
+    /// refers to the pcow image, which then holds everything the guest wrote.
+    fn quiesce(&mut self) -> Result<Vec<QueuePosition>, StateError> {
+        let positions = match self.worker.quiesce() {
+            Ok(handler) => handler
+                .map(|h| QueuePosition {
+                    next_avail: h.queue.next_avail(),
+                    next_used: h.queue.next_used(),
+                })
+                .into_iter()
+                .collect(),
+            Err(_) => return Err(StateError::worker_lost(device_type::PMEM)),
+        };
+        (self.flush)().map_err(|source| StateError::Host {
+            device: "virtio-pmem",
+            op: "flush the pcow image",
+            source,
+        })?;
+        Ok(positions)
+    }
+
+    fn resume(&mut self) -> Result<(), StateError> {
+        self.worker.resume().map_err(|source| StateError::Host {
+            device: "virtio-pmem",
+            op: "restart the worker thread",
+            source,
+        })
+    }
+
+    fn save_state(&self) -> Result<serde_json::Value, StateError> {
+        encode(
+            device_type::PMEM,
+            &PmemState {
+                acked_features: self.acked,
+                start: self.start,
+                size: self.size,
+            },
+        )
+    }
+
+    fn restore_state(&mut self, state: &serde_json::Value) -> Result<(), StateError> {
+        let s: PmemState = decode(device_type::PMEM, state)?;
+        if self.is_active() {
+            return Err(StateError::device_state(
+                device_type::PMEM,
+                "the device is already serving; restore into a new device",
+            ));
+        }
+        if s.acked_features & !self.features() != 0 {
+            return Err(StateError::AckedFeatures {
+                acked: s.acked_features,
+                offered: self.features(),
+            });
+        }
+        if (s.start, s.size) != (self.start, self.size) {
+            return Err(StateError::device_state(
+                device_type::PMEM,
+                format!(
+                    "the saved range is {:#x}+{:#x} but the image is placed at {:#x}+{:#x}: the pmem image is not the one snapshotted",
+                    s.start, s.size, self.start, self.size
+                ),
+            ));
+        }
+        self.acked = s.acked_features;
+        Ok(())
     }
 }
 
@@ -277,5 +356,53 @@ mod tests {
         assert_eq!(n.load(Ordering::SeqCst), 1);
         dev.reset();
         assert!(!dev.is_active());
+    }
+
+    #[test]
+    fn quiesce_flushes_and_the_state_round_trips_into_a_device_at_the_same_place() {
+        let mq = MockQueue::new(guest_memory(4 << 20), 0, 16);
+        let (flush, n) = counting_flush(false);
+        let mut dev = Pmem::new(4 << 30, 256 << 20, flush.clone());
+        dev.ack_features(features::COMMON);
+        let irq = Arc::new(RecordingInterrupt::default());
+        dev.activate(mq.mem.clone(), irq, vec![mq.device_queue()])
+            .unwrap();
+        let positions = dev.quiesce().unwrap();
+        assert_eq!(positions.len(), 1);
+        assert_eq!(
+            n.load(Ordering::SeqCst),
+            1,
+            "quiesce makes the image durable"
+        );
+        let saved = dev.save_state().unwrap();
+        dev.resume().unwrap();
+        assert!(dev.is_active());
+
+        let mut same = Pmem::new(4 << 30, 256 << 20, flush.clone());
+        same.restore_state(&saved).unwrap();
+        assert_eq!(same.acked, features::COMMON);
+
+        let mut moved = Pmem::new(5 << 30, 256 << 20, flush.clone());
+        let err = moved.restore_state(&saved).unwrap_err().to_string();
+        assert!(err.contains("not the one snapshotted"), "{err}");
+        let mut bigger = Pmem::new(4 << 30, 512 << 20, flush);
+        assert!(bigger.restore_state(&saved).is_err());
+        assert!(
+            dev.restore_state(&saved).is_err(),
+            "a serving device is not restored"
+        );
+    }
+
+    #[test]
+    fn a_failed_flush_fails_the_quiesce() {
+        let mq = MockQueue::new(guest_memory(4 << 20), 0, 16);
+        let (flush, _) = counting_flush(true);
+        let mut dev = Pmem::new(4 << 30, 256 << 20, flush);
+        let irq = Arc::new(RecordingInterrupt::default());
+        dev.activate(mq.mem.clone(), irq, vec![mq.device_queue()])
+            .unwrap();
+        let err = dev.quiesce().unwrap_err().to_string();
+        assert!(err.contains("flush"), "{err}");
+        dev.resume().unwrap();
     }
 }
