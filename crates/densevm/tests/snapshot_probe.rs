@@ -3,26 +3,10 @@
 
 mod common;
 
-use common::{densevm, require_kvm, stderr, stdout};
+use common::{densevm, require_kvm, stderr, stdout, vm, wait_for, TempDir};
 use densevm_probe::probe_checksum;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
-use std::time::{Duration, Instant};
-
-struct TempDir(PathBuf);
-impl TempDir {
-    fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("densevm-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
-    }
-}
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// Starts a probe VM with an API socket, its console in `console`.
 fn start(dir: &Path, script: &str, console: &Path) -> (Child, PathBuf) {
@@ -46,41 +30,6 @@ fn start(dir: &Path, script: &str, console: &Path) -> (Child, PathBuf) {
         .spawn()
         .unwrap();
     (child, sock)
-}
-
-/// Waits until `file` contains `text` (at most 60 s: on a loaded PVM host the probe's
-/// 16 MiB write or sum alone take about 10 s).
-fn wait_for(file: &Path, text: &str) {
-    let t0 = Instant::now();
-    loop {
-        let got = std::fs::read_to_string(file).unwrap_or_default();
-        if got.contains(text) {
-            return;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "no `{text}` in {} after 60 s:\n{got}",
-            file.display()
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-fn vm(args: &[&str], sock: &Path) -> String {
-    let out = densevm()
-        .arg("vm")
-        .args(args)
-        .arg("--api-sock")
-        .arg(sock)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "densevm vm {args:?}: {}{}",
-        stdout(&out),
-        stderr(&out)
-    );
-    stdout(&out)
 }
 
 fn sum_line(offset: &str, len: &str, byte: u8, bytes: usize) -> String {

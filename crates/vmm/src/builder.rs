@@ -5,7 +5,7 @@ use crate::arch::cpuid::vcpu_cpuid;
 use crate::boot::{linux, probe, EntryState};
 use crate::config::{place_external_regions, Payload, VmConfig, HIGH_RAM_START, LOW_RAM_END};
 use crate::device_manager::DeviceManager;
-use crate::memory::{back_ram_with_file, Backing, GuestMemory, RegionSpec};
+use crate::memory::{back_ram_with_file, GuestMemory};
 use crate::snapshot::ram::{create_ram_file, RamFile};
 use crate::trace::BootTrace;
 use crate::vmm::{Vmm, VmmError};
@@ -129,26 +129,10 @@ pub fn build(config: VmConfig) -> Result<Vmm, VmmError> {
         Some(plan) => std::mem::take(&mut plan.regions),
         None => crate::memory::ram_with_windows(low_end, high, HIGH_RAM_START, Vec::new()),
     };
-    for (region, (name, gpa, size)) in config.external_regions.iter().zip(&placed) {
-        specs.push(RegionSpec {
-            name: name.clone(),
-            gpa: *gpa,
-            size: *size,
-            backing: Backing::External {
-                host_addr: region.host_addr,
-                kvm_readonly: region.kvm_readonly.clone(),
-            },
-        });
-    }
-    let write_fault_hooks: Vec<crate::write_fault::Registration> = config
-        .external_regions
-        .iter()
-        .zip(&placed)
-        .filter_map(|(region, &(_, gpa, size))| {
-            let handler = region.write_fault.clone()?;
-            Some(crate::write_fault::register(gpa, size, handler))
-        })
-        .collect();
+    specs.extend(crate::external::region_specs(
+        &config.external_regions,
+        &placed,
+    ));
     // Guest RAM lives in a memfd mapped shared, so that a clone template costs no copy
     // (snapshot::ram). `--merge all` keeps it anonymous: KSM merges anonymous pages only.
     let ram = if config.merge == crate::memory::MergePolicy::All {
@@ -166,21 +150,7 @@ pub fn build(config: VmConfig) -> Result<Vmm, VmmError> {
     let merged = memory.advise_merge(config.merge)?;
     tracing::debug!("{merged} bytes of guest memory marked for same-page merging");
     vm.register_memory(&memory)?;
-    let readonly_slots = ReadonlySlots::new(
-        config
-            .external_regions
-            .iter()
-            .filter_map(|region| {
-                let ranges = region.readonly_ranges.clone()?;
-                let index = memory
-                    .regions()
-                    .iter()
-                    .position(|r| r.name == region.name)?;
-                Some((index, memory.regions()[index].clone(), ranges))
-            })
-            .collect(),
-    );
-
+    let external = crate::external::attach(&config.external_regions, &placed, &memory, linux);
     // Linux takes interrupts: in-kernel PIC/IOAPIC/LAPIC and PIT. The probe needs none
     // and runs without, so its HLT exits to the VMM.
     if linux {
@@ -200,15 +170,7 @@ pub fn build(config: VmConfig) -> Result<Vmm, VmmError> {
     }
     let serial_evt = serial_irq.try_clone().map_err(host_err("eventfd clone"))?;
     let mut devices = DeviceManager::new(&vm, config.console, serial_evt, linux)?;
-    if linux {
-        for (region, &(_, gpa, size)) in config.external_regions.iter().zip(&placed) {
-            if let Some(flush) = region.flush.clone() {
-                let pmem = densevm_virtio::pmem::Pmem::new(gpa, size, flush);
-                devices.add_virtio(&vm, memory.mem(), Box::new(pmem))?;
-            }
-        }
-    }
-    for device in config.devices {
+    for device in external.devices.into_iter().chain(config.devices) {
         devices.add_virtio(&vm, memory.mem(), device)?;
     }
 
@@ -273,8 +235,9 @@ pub fn build(config: VmConfig) -> Result<Vmm, VmmError> {
             device_specs: config.device_specs,
         },
     );
-    vmm.readonly_slots = readonly_slots;
-    vmm.write_fault_hooks = write_fault_hooks;
+    vmm.readonly_slots = external.slots;
+    vmm.write_fault_hooks = external.hooks;
+    vmm.external_flush = external.flush;
     Ok(vmm)
 }
 
@@ -314,6 +277,7 @@ pub(crate) fn finish(
         readonly_slots: ReadonlySlots::new(Vec::new()),
         trace,
         write_fault_hooks: Vec::new(),
+        external_flush: Vec::new(),
         timeout: extras.timeout,
         cpus,
         report_memory: extras.report_memory,

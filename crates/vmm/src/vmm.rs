@@ -145,6 +145,8 @@ pub struct Vmm {
     pub(crate) readonly_slots: ReadonlySlots,
     pub(crate) trace: BootTrace,
     pub(crate) write_fault_hooks: Vec<crate::write_fault::Registration>,
+    /// Each external region's flush, called before a snapshot refers to its image.
+    pub(crate) external_flush: Vec<densevm_virtio::pmem::FlushFn>,
     pub(crate) timeout: Option<Duration>,
     pub(crate) cpus: u32,
     pub(crate) report_memory: bool,

@@ -16,6 +16,10 @@ fn overlay_path(dir: &Path, disk: usize, who: &str) -> PathBuf {
     dir.join(format!("disk{disk}.{who}.pcow"))
 }
 
+fn pmem_overlay_path(dir: &Path, n: usize, who: &str) -> PathBuf {
+    dir.join(format!("pmem{n}.{who}.pcow"))
+}
+
 /// Creates a pcow overlay at `path` over `base` (same size and cluster size).
 fn create_overlay(path: &Path, base: &Path) -> Result<(), String> {
     let chain = pcow::Chain::open(base, pcow::OpenOptions::default())
@@ -31,13 +35,15 @@ fn create_overlay(path: &Path, base: &Path) -> Result<(), String> {
 
 /// The work done while the VM is paused for a clone template: every writable disk's top
 /// image is frozen as the base of one overlay per clone and of a new overlay the parent
-/// goes on in (its device is moved onto it, the device being quiesced).
+/// goes on in (its device is moved onto it, the device being quiesced). Each `--pmem`
+/// image likewise, its region mapped again over the parent's overlay at the same address.
 pub fn overlay_hook(
     dir: PathBuf,
     count: u32,
     specs: &crate::cmd::devices::DeviceSpecs,
     handles: Vec<BackendHandle>,
     tops: Arc<Mutex<Vec<PathBuf>>>,
+    pmem: crate::cmd::pmem::PmemRegions,
 ) -> TemplateHook {
     let writable: Vec<usize> = specs
         .disks
@@ -59,17 +65,34 @@ pub fn overlay_hook(
             handles[n].replace(backend).map_err(|e| e.to_string())?;
             tops[n] = parent;
         }
+        for n in 0..pmem.len() {
+            let base = pmem.path(n);
+            for k in 0..count {
+                create_overlay(&pmem_overlay_path(&dir, n, &format!("clone-{k}")), &base)?;
+            }
+            let parent = pmem_overlay_path(&dir, n, "parent");
+            create_overlay(&parent, &base)?;
+            pmem.move_to(n, &parent)
+                .map_err(|e| format!("pmem{n}: {e:#}"))?;
+        }
         Ok(())
     })
 }
 
-/// A clone's writable disks are its own overlays in the template directory.
+/// A clone's writable disks and its `--pmem` images are its own overlays in the template
+/// directory.
 pub fn use_clone_overlays(specs: &mut crate::cmd::devices::DeviceSpecs, dir: &Path, index: u32) {
     for (n, d) in specs.disks.iter_mut().enumerate() {
         let overlay = overlay_path(dir, n, &format!("clone-{index}"));
         if !d.readonly && overlay.exists() {
             d.path = overlay;
             d.pcow = true;
+        }
+    }
+    for (n, p) in specs.pmem.iter_mut().enumerate() {
+        let overlay = pmem_overlay_path(dir, n, &format!("clone-{index}"));
+        if overlay.exists() {
+            *p = overlay;
         }
     }
 }

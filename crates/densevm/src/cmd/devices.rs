@@ -148,11 +148,14 @@ pub struct DeviceSpecs {
     pub shares: Vec<ShareSpec>,
     /// `--rng`.
     pub rng: bool,
+    /// `--pmem` images (mapped by the caller, not opened as virtio devices here).
+    #[serde(default)]
+    pub pmem: Vec<PathBuf>,
 }
 
 impl DeviceSpecs {
     /// The specs with every path made absolute.
-    pub fn absolute(disks: &[DiskSpec], shares: &[ShareSpec], rng: bool) -> Self {
+    pub fn absolute(disks: &[DiskSpec], shares: &[ShareSpec], rng: bool, pmem: &[PathBuf]) -> Self {
         let abs = |p: &PathBuf| std::path::absolute(p).unwrap_or_else(|_| p.clone());
         DeviceSpecs {
             disks: disks
@@ -170,6 +173,7 @@ impl DeviceSpecs {
                 })
                 .collect(),
             rng,
+            pmem: pmem.iter().map(abs).collect(),
         }
     }
 

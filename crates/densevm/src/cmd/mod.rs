@@ -6,6 +6,7 @@ pub mod devices;
 pub mod image;
 pub mod kernel;
 pub mod ninep;
+pub mod pmem;
 pub mod run;
 pub mod vm;
 pub mod vm_api;

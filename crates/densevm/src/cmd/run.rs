@@ -1,11 +1,10 @@
 //! `densevm run`: build a VM from the command line and run it.
 
+use crate::cmd::pmem::PmemRegions;
 use crate::output::print_json;
 use anyhow::{bail, Context};
 use clap::Args;
-use densevm_pmem::GuestWrite;
 use densevm_vmm::report::MemoryReport;
-use densevm_vmm::write_fault::Outcome;
 use densevm_vmm::{MergePolicy, Payload, RunOutcome, VmConfig, Vmm};
 use serde_json::{json, Map, Value};
 use std::time::{Duration, Instant};
@@ -160,7 +159,7 @@ fn summary(args: &RunArgs, outcome: &RunOutcome, pmem: &PmemRegions) -> Value {
         "cpus": args.cpus,
         "trace_ms": trace,
     });
-    if !pmem.regions.is_empty() {
+    if pmem.len() > 0 {
         let o = obj.as_object_mut().expect("object");
         o.insert("pmem".into(), json!(pmem.stats()));
         o.insert("readonly_slots".into(), json!(outcome.readonly_slots));
@@ -236,9 +235,10 @@ pub fn main(args: RunArgs) -> anyhow::Result<i32> {
     if args.kernel.is_none() && (!args.disk.is_empty() || !args.share.is_empty() || args.rng) {
         bail!("--disk, --share and --rng are virtio devices for a Linux guest: add --kernel FILE");
     }
-    let specs = crate::cmd::devices::DeviceSpecs::absolute(&args.disk, &args.share, args.rng);
+    let specs =
+        crate::cmd::devices::DeviceSpecs::absolute(&args.disk, &args.share, args.rng, &args.pmem);
     let (devices, disk_handles) = specs.open()?;
-    let pmem = PmemRegions::open(&args.pmem)?;
+    let pmem = PmemRegions::open(&specs.pmem)?;
     let config = VmConfig {
         memory_bytes: args.memory,
         cpus: args.cpus,
@@ -254,7 +254,7 @@ pub fn main(args: RunArgs) -> anyhow::Result<i32> {
     };
     let started = Instant::now();
     let vmm = densevm_vmm::builder::build(config).context("could not start the VM")?;
-    let outcome = run_with_api(&args, vmm, &specs, disk_handles)?;
+    let outcome = run_with_api(&args, vmm, &specs, disk_handles, &pmem)?;
     pmem.flush()?;
     tracing::debug!("VM ran for {:?}", started.elapsed());
     if args.trace {
@@ -282,13 +282,13 @@ pub fn main(args: RunArgs) -> anyhow::Result<i32> {
     Ok(outcome.end.exit_code())
 }
 
-/// The `--pmem` images of a run: the mapped regions.
 /// Runs `vmm` to its end, serving its API socket meanwhile when `--api-sock` asks for it.
 fn run_with_api(
     args: &RunArgs,
     vmm: Vmm,
     specs: &crate::cmd::devices::DeviceSpecs,
     disk_handles: Vec<densevm_virtio::block::BackendHandle>,
+    pmem: &PmemRegions,
 ) -> anyhow::Result<RunOutcome> {
     let server = match &args.api_sock {
         Some(path) => {
@@ -302,6 +302,7 @@ fn run_with_api(
                 vmm.handle(),
                 specs.clone(),
                 disk_handles,
+                pmem.clone(),
             )?)
         }
         None => None,
@@ -359,6 +360,12 @@ fn restore_main(args: RunArgs, origin: Instant) -> anyhow::Result<i32> {
     let (devices, disk_handles) = specs
         .open()
         .with_context(|| format!("snapshot {}: cannot open its devices again", dir.display()))?;
+    let pmem = PmemRegions::open(&specs.pmem).with_context(|| {
+        format!(
+            "snapshot {}: cannot map its --pmem images again",
+            dir.display()
+        )
+    })?;
     let mut vmm = densevm_vmm::build_restored(
         densevm_vmm::RestoreSource {
             dir: dir.clone(),
@@ -366,7 +373,10 @@ fn restore_main(args: RunArgs, origin: Instant) -> anyhow::Result<i32> {
             instance: args.clone_index.map_or(0, |k| k + 1),
         },
         state,
-        devices,
+        densevm_vmm::Reopened {
+            external: pmem.external_regions(),
+            virtio: devices,
+        },
         console,
         timeout,
         origin,
@@ -376,7 +386,8 @@ fn restore_main(args: RunArgs, origin: Instant) -> anyhow::Result<i32> {
     if let Some(fd) = args.ready_fd {
         vmm.on_running(crate::cmd::clones::signal_ready(fd));
     }
-    let outcome = run_with_api(&args, vmm, &specs, disk_handles)?;
+    let outcome = run_with_api(&args, vmm, &specs, disk_handles, &pmem)?;
+    pmem.flush()?;
     if args.trace {
         eprint!("{}", outcome.trace.table());
     }
@@ -392,103 +403,4 @@ fn restore_main(args: RunArgs, origin: Instant) -> anyhow::Result<i32> {
         eprintln!("densevm: error: {}", outcome.end);
     }
     Ok(outcome.end.exit_code())
-}
-
-struct PmemRegions {
-    regions: Vec<(std::path::PathBuf, densevm_pmem::PmemRegion)>,
-}
-
-impl PmemRegions {
-    /// Opens and maps every image.
-    fn open(images: &[std::path::PathBuf]) -> anyhow::Result<Self> {
-        let mut regions = Vec::new();
-        for path in images {
-            let opts = pcow::OpenOptions {
-                writable: true,
-                ..Default::default()
-            };
-            let chain = pcow::Chain::open(path, opts).with_context(|| {
-                format!(
-                    "cannot open --pmem image {} (create it with `densevm image create`)",
-                    path.display()
-                )
-            })?;
-            let region =
-                densevm_pmem::PmemRegion::map(pcow::SharedChain::new(chain), Default::default())
-                    .with_context(|| format!("cannot map --pmem image {}", path.display()))?;
-            regions.push((path.clone(), region));
-        }
-        Ok(PmemRegions { regions })
-    }
-
-    /// The regions as the VMM places them, each with its copy-up hook for vCPU writes.
-    fn external_regions(&self) -> Vec<densevm_vmm::ExternalRegion> {
-        self.regions
-            .iter()
-            .enumerate()
-            .map(|(i, (_, r))| {
-                let handle = r.write_fault_handle();
-                let ranges = handle.clone();
-                let hook: densevm_vmm::write_fault::Handler =
-                    std::sync::Arc::new(move |offset: u64, data: Option<&[u8]>| {
-                        match handle.guest_write(offset, data) {
-                            Ok(GuestWrite::Served) => Outcome::Served,
-                            Ok(GuestWrite::AlreadyWritable) => Outcome::Stale,
-                            Err(e) => {
-                                tracing::error!("pmem: guest write at offset {offset:#x}: {e}");
-                                Outcome::Failed
-                            }
-                        }
-                    });
-                let flusher = r.write_fault_handle();
-                densevm_vmm::ExternalRegion {
-                    flush: Some(std::sync::Arc::new(move || {
-                        flusher.flush().map_err(std::io::Error::other)
-                    })),
-                    name: format!("pmem{i}"),
-                    host_addr: r.host_addr(),
-                    size: r.size(),
-                    kvm_readonly: r.lower_layer_ranges().to_vec(),
-                    write_fault: Some(hook),
-                    readonly_ranges: Some(std::sync::Arc::new(move || ranges.readonly_ranges())),
-                }
-            })
-            .collect()
-    }
-
-    /// Fault-service figures of each region, for `--json`.
-    fn stats(&self) -> Vec<Value> {
-        self.regions
-            .iter()
-            .enumerate()
-            .map(|(i, (path, r))| {
-                let s = r.stats();
-                json!({
-                    "name": format!("pmem{i}"),
-                    "image": path,
-                    "expansions": s.expansions,
-                    "cow_faults": s.cow_faults,
-                    "cow_units": s.cow_units,
-                    "read_faults": s.read_faults,
-                    "guest_write_exits": s.guest_hook_faults,
-                    "guest_writes_already_writable": s.guest_writes_already_writable,
-                    "uffd_write_faults": s.uffd_write_faults,
-                    "segv_write_faults": s.segv_faults,
-                })
-            })
-            .collect()
-    }
-
-    /// Acknowledges the guest's writes (the sync point of each image).
-    fn flush(&self) -> anyhow::Result<()> {
-        for (path, r) in &self.regions {
-            r.flush().with_context(|| {
-                format!(
-                    "cannot flush --pmem image {}; its last writes may be lost",
-                    path.display()
-                )
-            })?;
-        }
-        Ok(())
-    }
 }

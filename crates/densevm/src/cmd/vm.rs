@@ -150,6 +150,12 @@ pub fn main(args: VmArgs) -> anyhow::Result<i32> {
                     d.path.display()
                 );
             }
+            if let Some(p) = specs.pmem.first() {
+                anyhow::bail!(
+                    "the snapshot's VM had a --pmem image ({}), which every clone started from the snapshot would write. Clone the running VM instead (densevm vm clone, which gives each clone an overlay)",
+                    p.display()
+                );
+            }
             let clones = crate::cmd::clones::spawn_clones(&snapshot, count, None)?;
             let ms = t0.elapsed().as_secs_f64() * 1e3;
             let mut human = format!("{} clones running ({ms:.1} ms):", clones.len());

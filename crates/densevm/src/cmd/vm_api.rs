@@ -27,6 +27,7 @@ pub fn serve(
     handle: VmmHandle,
     specs: crate::cmd::devices::DeviceSpecs,
     disk_handles: Vec<BackendHandle>,
+    pmem: crate::cmd::pmem::PmemRegions,
 ) -> anyhow::Result<ApiServerHandle> {
     let server = ApiServer::bind(path)?;
     // Where each writable disk's top image is now (it moves to an overlay at every clone).
@@ -83,6 +84,7 @@ pub fn serve(
                     &specs,
                     disk_handles.clone(),
                     tops.clone(),
+                    pmem.clone(),
                 );
                 match handle.template(dir.clone(), hook) {
                     Ok(template) => match spawn_clones(&dir, req.count, Some(&template.ram)) {

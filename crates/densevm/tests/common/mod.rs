@@ -58,3 +58,55 @@ pub fn assert_image_clean(path: &std::path::Path, context: &str) {
         stderr(&out)
     );
 }
+
+/// A directory under the system temp dir, removed when dropped.
+pub struct TempDir(pub std::path::PathBuf);
+impl TempDir {
+    pub fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("densevm-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+}
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Waits until `file` contains `text` (at most 60 s: on a loaded PVM host the probe's
+/// 16 MiB write or sum alone take about 10 s).
+pub fn wait_for(file: &std::path::Path, text: &str) {
+    let t0 = std::time::Instant::now();
+    loop {
+        let got = std::fs::read_to_string(file).unwrap_or_default();
+        if got.contains(text) {
+            return;
+        }
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(60),
+            "no `{text}` in {} after 60 s:\n{got}",
+            file.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+/// Runs `densevm vm ARGS --api-sock SOCK`, asserting success; returns stdout.
+pub fn vm(args: &[&str], sock: &std::path::Path) -> String {
+    let out = densevm()
+        .arg("vm")
+        .args(args)
+        .arg("--api-sock")
+        .arg(sock)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "densevm vm {args:?}: {}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    stdout(&out)
+}

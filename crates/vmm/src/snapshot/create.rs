@@ -115,7 +115,6 @@ impl Vmm {
         threads: &[JoinHandle<()>],
         work: impl FnOnce(&mut Self) -> Result<T, ControlError>,
     ) -> Result<T, ControlError> {
-        self.snapshot_supported()?;
         let was_paused = self.paused;
         self.user_pause(threads)?;
         let result = work(self);
@@ -127,26 +126,18 @@ impl Vmm {
         result
     }
 
-    fn snapshot_supported(&self) -> Result<(), ControlError> {
-        if self
-            .memory
-            .regions()
-            .iter()
-            .any(|r| r.kind == crate::memory::RegionKind::External)
-        {
-            return Err(ControlError::Unsupported(
-                "snapshots of VMs with --pmem regions are not supported yet; run without --pmem"
-                    .into(),
-            ));
-        }
-        Ok(())
-    }
-
     /// Saves the state of every vCPU (on their own threads), the VM and the UART.
     fn capture_state(&mut self) -> Result<SnapshotState, ControlError> {
         // Devices first: once quiesced they complete nothing more, so no interrupt can reach
         // the irqchip after it is saved. They stay quiesced until `with_pause` resumes them.
         let (pci, virtio) = self.devices.save_pci().map_err(ControlError::Unsupported)?;
+        // A snapshot refers to each external region's image, which must then hold what the
+        // guest wrote (virtio-pmem flushed it when quiesced; a probe has no device).
+        for flush in &self.external_flush {
+            flush().map_err(|e| {
+                ControlError::Failed(format!("flushing a --pmem image before the snapshot: {e}"))
+            })?;
+        }
         let kvm = Arc::new(kvm_ioctls::Kvm::new().map_err(|e| {
             ControlError::Failed(format!("cannot open /dev/kvm for the MSR list: {e}"))
         })?);
@@ -179,6 +170,7 @@ impl Vmm {
                     name: r.name.clone(),
                     gpa: r.gpa,
                     size: r.size,
+                    external: r.kind == crate::memory::RegionKind::External,
                 })
                 .collect(),
             irqchip: self.vm.has_irqchip(),
@@ -247,6 +239,11 @@ impl Vmm {
         persist::write_state_volatile(&dir.join(STATE_FILE), &state)
             .map_err(|e| ControlError::Failed(e.to_string()))?;
         hook().map_err(ControlError::Failed)?;
+        // The hook may have moved external regions onto new images (clones' overlays):
+        // their read-only ranges changed while the vCPUs are parked.
+        self.readonly_slots
+            .sync(&mut self.vm)
+            .map_err(|e| ControlError::Failed(format!("re-registering --pmem slots: {e}")))?;
         let ram = file
             .as_fd()
             .try_clone_to_owned()

@@ -12,8 +12,9 @@
 //! What is saved: every vCPU ([`crate::persist::VcpuState`]), the in-kernel irqchip, PIT
 //! and clock ([`crate::persist::VmState`]), the UART and CMOS, and the memory layout with
 //! every region's contents (RAM and the boot-image windows), the PCI root and every
-//! virtio-pci function (transport, queues, MSI-X, device state: blk and rng; 9p and pmem
-//! refuse). VMs with `--pmem` regions are refused for now (see docs/snapshots.md).
+//! virtio-pci function (transport, queues, MSI-X, each device's state). External (`--pmem`)
+//! regions are saved by reference: their place in the layout, flushed images that the
+//! caller opens again (a clone: its own overlay) and hands to the restore.
 
 pub mod create;
 pub mod fuzz;
@@ -40,6 +41,10 @@ pub struct RegionRecord {
     pub gpa: u64,
     /// Size in bytes.
     pub size: u64,
+    /// Mapped by another component (`--pmem`): not in the memory file; the restore gets
+    /// the region from its caller and checks it lands at the same place.
+    #[serde(default)]
+    pub external: bool,
 }
 
 /// Everything a VM needs besides its memory contents.

@@ -60,13 +60,48 @@ pub(crate) fn check_state(state: &SnapshotState) -> Result<(), String> {
     Ok(())
 }
 
+/// What the caller opened again for a restore, from the snapshot's `device_specs`.
+pub struct Reopened {
+    /// The external (`--pmem`) regions, mapped again, in their saved order.
+    pub external: Vec<crate::config::ExternalRegion>,
+    /// The virtio devices, in their saved order (pmem devices excluded: the restore makes
+    /// those for the external regions).
+    pub virtio: Vec<Box<dyn densevm_virtio::VirtioDevice>>,
+}
+
+/// Checks that `external` (the regions the caller mapped again) land where the snapshot's
+/// external regions were, by name, place and size; returns their placement.
+fn check_external(
+    state: &SnapshotState,
+    external: &[crate::config::ExternalRegion],
+) -> Result<Vec<crate::external::Placement>, String> {
+    let saved: Vec<_> = state.regions.iter().filter(|r| r.external).collect();
+    if saved.len() != external.len() {
+        return Err(format!(
+            "it has {} --pmem region(s) but {} image(s) were opened for it",
+            saved.len(),
+            external.len()
+        ));
+    }
+    let placed = crate::config::place_external_regions(state.memory_bytes, external);
+    for (r, (name, gpa, size)) in saved.iter().zip(&placed) {
+        if (&r.name, r.gpa, r.size) != (name, *gpa, *size) {
+            return Err(format!(
+                "region {} was at {:#x}+{:#x} but the image opened for it lands at {:#x}+{:#x} as {name}: not the image the VM had",
+                r.name, r.gpa, r.size, gpa, size
+            ));
+        }
+    }
+    Ok(placed)
+}
+
 /// Builds a paused-at-birth VM from `source`, whose state the caller read with
 /// [`read_snapshot`] (and opened `devices` from); it continues where the snapshot was
 /// taken when run.
 pub fn build_restored(
     source: RestoreSource,
     state: SnapshotState,
-    devices: Vec<Box<dyn densevm_virtio::VirtioDevice>>,
+    reopened: Reopened,
     console: Box<dyn Write + Send>,
     timeout: Option<Duration>,
     origin: Instant,
@@ -75,6 +110,10 @@ pub fn build_restored(
     let mut trace = BootTrace::new(origin);
     trace.mark("state_read");
     let dir = source.dir;
+    let Reopened {
+        external,
+        virtio: devices,
+    } = reopened;
     kick::install().map_err(|source| VmmError::Host {
         what: "installing the vCPU kick signal handler",
         source,
@@ -84,9 +123,11 @@ pub fn build_restored(
         None => File::open(dir.join(MEMORY_FILE))
             .map_err(|e| bad(&dir, format!("cannot open its memory file: {e}")))?,
     };
+    let placed = check_external(&state, &external).map_err(|e| bad(&dir, e))?;
     let ram_end = state
         .regions
         .iter()
+        .filter(|r| !r.external)
         .map(|r| r.gpa.saturating_add(r.size))
         .max()
         .unwrap_or(0);
@@ -99,7 +140,7 @@ pub fn build_restored(
     }
     let file = Arc::new(file);
     let mut specs = Vec::with_capacity(state.regions.len());
-    for r in &state.regions {
+    for r in state.regions.iter().filter(|r| !r.external) {
         specs.push(RegionSpec {
             name: r.name.clone(),
             gpa: r.gpa,
@@ -111,7 +152,10 @@ pub fn build_restored(
             },
         });
     }
+    specs.extend(crate::external::region_specs(&external, &placed));
     let memory = GuestMemory::new(specs)?;
+    let parts = crate::external::attach(&external, &placed, &memory, state.linux);
+    let devices: Vec<_> = parts.devices.into_iter().chain(devices).collect();
     let mut vm = Vm::new()?;
     vm.register_memory(&memory)?;
     trace.mark("memory_mapped");
@@ -196,5 +240,8 @@ pub fn build_restored(
         },
     );
     vmm.notify_vmgenid = state.linux;
+    vmm.readonly_slots = parts.slots;
+    vmm.write_fault_hooks = parts.hooks;
+    vmm.external_flush = parts.flush;
     Ok(vmm)
 }

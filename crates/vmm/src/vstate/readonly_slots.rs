@@ -102,15 +102,7 @@ impl ReadonlySlots {
         gate: &PauseGate,
         kick: impl Fn(),
     ) -> Result<u64, VmError> {
-        let mut changes = Vec::new();
-        for (i, r) in self.regions.iter().enumerate() {
-            // Writable pieces sit between read-only ones: n ranges need up to 2n + 1 slots.
-            let budget = (vm.slot_budget(r.index).saturating_sub(1) / 2).min(MAX_READONLY_RANGES);
-            let now = coalesce_ranges((r.ranges)(), r.info.size, budget);
-            if now != r.info.kvm_readonly {
-                changes.push((i, now));
-            }
-        }
+        let changes = self.changes(vm);
         tracing::debug!(
             "read-only slots: refresh after {} stale exits; {} region(s) changed, read-only ranges now {:?}",
             self.threshold,
@@ -128,23 +120,52 @@ impl ReadonlySlots {
             tracing::warn!("read-only slots not refreshed: the vCPUs did not pause in time");
             return Ok(self.threshold);
         }
-        let mut result = Ok(());
+        let result = self.apply(vm, changes);
+        self.stats.paused_us += t0.elapsed().as_micros() as u64;
+        self.threshold = FIRST_THRESHOLD;
+        result.map(|()| self.threshold)
+    }
+
+    /// Re-registers, with every vCPU already parked (a user pause), the slots of each
+    /// region whose read-only ranges changed, e.g. after its image was swapped; returns
+    /// how many regions changed.
+    pub fn sync(&mut self, vm: &mut Vm) -> Result<usize, VmError> {
+        let changes = self.changes(vm);
+        let n = changes.len();
+        self.apply(vm, changes)?;
+        Ok(n)
+    }
+
+    /// Each region whose current read-only ranges (coalesced to its slot budget) differ
+    /// from its registered ones, with the new ranges.
+    fn changes(&self, vm: &Vm) -> Vec<(usize, Vec<(u64, u64)>)> {
+        let mut changes = Vec::new();
+        for (i, r) in self.regions.iter().enumerate() {
+            // Writable pieces sit between read-only ones: n ranges need up to 2n + 1 slots.
+            let budget = (vm.slot_budget(r.index).saturating_sub(1) / 2).min(MAX_READONLY_RANGES);
+            let now = coalesce_ranges((r.ranges)(), r.info.size, budget);
+            if now != r.info.kvm_readonly {
+                changes.push((i, now));
+            }
+        }
+        changes
+    }
+
+    /// Re-registers the slots of each changed region (the vCPUs must be parked).
+    fn apply(
+        &mut self,
+        vm: &mut Vm,
+        changes: Vec<(usize, Vec<(u64, u64)>)>,
+    ) -> Result<(), VmError> {
         for (i, ranges) in changes {
             let r = &mut self.regions[i];
             let mut info = r.info.clone();
             info.kvm_readonly = ranges;
-            match vm.replace_region_slots(r.index, &info.slot_pieces()) {
-                Ok(updates) => self.stats.slot_updates += updates as u64,
-                Err(e) => {
-                    result = Err(e);
-                    break;
-                }
-            }
+            let updates = vm.replace_region_slots(r.index, &info.slot_pieces())?;
+            self.stats.slot_updates += updates as u64;
             r.info = info;
             self.stats.refreshes += 1;
         }
-        self.stats.paused_us += t0.elapsed().as_micros() as u64;
-        self.threshold = FIRST_THRESHOLD;
-        result.map(|()| self.threshold)
+        Ok(())
     }
 }
