@@ -21,4 +21,7 @@ pub enum GuestRequest {
     TraceMark(u8),
     /// The probe guest hit a CPU exception with this vector.
     GuestFault(u8),
+    /// The probe guest idles this many milliseconds on its vCPU thread (sleep port); the
+    /// vCPU naps outside the guest and wakes early when the VMM pauses or stops it.
+    Sleep(u8),
 }

@@ -3,7 +3,7 @@
 //! the loop serializes them with vCPU events; each carries a reply channel.
 
 use crate::vstate::vcpu::VcpuEvent;
-use std::os::fd::OwnedFd;
+use std::os::fd::BorrowedFd;
 use std::path::PathBuf;
 use std::sync::mpsc::{sync_channel, Sender, SyncSender};
 use std::time::Duration;
@@ -26,13 +26,12 @@ pub enum RunState {
     Paused,
 }
 
-/// A frozen clone template: the state file plus the RAM file clones map `MAP_PRIVATE`.
+/// A frozen clone template: the state file plus the RAM file clones map `MAP_PRIVATE`
+/// (handed to the [`TemplateHook`], which starts the clones).
 #[derive(Debug)]
 pub struct Template {
     /// The snapshot directory (holds `state`).
     pub dir: PathBuf,
-    /// The frozen RAM file; nobody writes it any more.
-    pub ram: OwnedFd,
     /// How long the VM was paused for it.
     pub paused_for: Duration,
 }
@@ -71,8 +70,10 @@ pub enum ControlError {
 type Reply<T> = SyncSender<Result<T, ControlError>>;
 
 /// Work done while a template's VM is still paused with its devices quiesced, after its
-/// state is written; an error fails the template.
-pub type TemplateHook = Box<dyn FnOnce() -> Result<(), String> + Send>;
+/// state is written, given the frozen RAM file (e.g. move disks onto overlays, start the
+/// clones). The VM's own RAM is moved off the file only after the hook, so that the clones
+/// start meanwhile; nothing writes the file in between. An error fails the template.
+pub type TemplateHook = Box<dyn FnOnce(BorrowedFd<'_>) -> Result<(), String> + Send>;
 
 /// A control request with its reply channel.
 pub enum ControlRequest {

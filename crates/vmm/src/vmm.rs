@@ -298,6 +298,8 @@ impl Vmm {
             }
             VcpuEvent::Request(_, GuestRequest::Reset, _) => return Some(VmEnd::Reset),
             VcpuEvent::Request(_, GuestRequest::PowerOff, _) => return Some(VmEnd::PowerOff),
+            // Served on the vCPU thread (a nap), never sent.
+            VcpuEvent::Request(_, GuestRequest::Sleep(_), _) => {}
             VcpuEvent::Request(vcpu, GuestRequest::GuestFault(vector), _) => {
                 return Some(VmEnd::Failed {
                     vcpu,

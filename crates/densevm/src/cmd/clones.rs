@@ -5,7 +5,7 @@ use densevm_api::types::CloneInfo;
 use densevm_virtio::block::{open_pcow, BackendHandle};
 use densevm_vmm::TemplateHook;
 use std::io::Write;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -37,13 +37,16 @@ fn create_overlay(path: &Path, base: &Path) -> Result<(), String> {
 /// image is frozen as the base of one overlay per clone and of a new overlay the parent
 /// goes on in (its device is moved onto it, the device being quiesced). Each `--pmem`
 /// image likewise, its region mapped again over the parent's overlay at the same address.
-pub fn overlay_hook(
+/// Then the clones are started on the frozen RAM file (into `started`; the caller waits
+/// for them), while the VMM moves the parent's RAM off the file.
+pub fn template_hook(
     dir: PathBuf,
     count: u32,
     specs: &crate::cmd::devices::DeviceSpecs,
     handles: Vec<BackendHandle>,
     tops: Arc<Mutex<Vec<PathBuf>>>,
     pmem: crate::cmd::pmem::PmemRegions,
+    started: Arc<Mutex<Option<Starting>>>,
 ) -> TemplateHook {
     let writable: Vec<usize> = specs
         .disks
@@ -52,7 +55,7 @@ pub fn overlay_hook(
         .filter(|(_, d)| !d.readonly)
         .map(|(i, _)| i)
         .collect();
-    Box::new(move || {
+    Box::new(move |ram: BorrowedFd<'_>| {
         let mut tops = tops.lock().unwrap_or_else(|p| p.into_inner());
         for &n in &writable {
             let base = tops[n].clone();
@@ -75,6 +78,8 @@ pub fn overlay_hook(
             pmem.move_to(n, &parent)
                 .map_err(|e| format!("pmem{n}: {e:#}"))?;
         }
+        let starting = start_clones(&dir, count, Some(ram)).map_err(|e| format!("{e:#}"))?;
+        *started.lock().unwrap_or_else(|p| p.into_inner()) = Some(starting);
         Ok(())
     })
 }
@@ -97,23 +102,51 @@ pub fn use_clone_overlays(specs: &mut crate::cmd::devices::DeviceSpecs, dir: &Pa
     }
 }
 
+/// Clone processes started, not known to run yet.
+pub struct Starting {
+    children: Vec<(std::process::Child, OwnedFd, PathBuf)>,
+    infos: Vec<CloneInfo>,
+    spawned: Instant,
+}
+
 /// Starts `count` `densevm run --restore DIR` processes, each with its API socket, console
-/// socket and console file in DIR, and waits until each one's vCPUs run (it writes a byte
-/// to a pipe then; its API socket is up before that). `ram` is a frozen template's RAM
-/// file, inherited by each clone; without it the clones map DIR/memory.
-pub fn spawn_clones(
+/// socket and console file in DIR ([`Starting::wait`] waits until their vCPUs run). `ram`
+/// is a frozen template's RAM file, inherited by each clone; without it the clones map
+/// DIR/memory.
+pub fn start_clones(
     dir: &Path,
     count: u32,
-    ram: Option<&OwnedFd>,
-) -> anyhow::Result<Vec<CloneInfo>> {
+    ram: Option<BorrowedFd<'_>>,
+) -> anyhow::Result<Starting> {
     let exe = std::env::current_exe()?;
     // Clones started earlier from the same directory keep their numbers and sockets.
     let first = (0..)
         .find(|k| !dir.join(format!("clone-{k}.console")).exists())
         .unwrap_or(0);
-    let mut children = Vec::new();
-    let mut infos = Vec::new();
+    let mut starting = Starting {
+        children: Vec::new(),
+        infos: Vec::new(),
+        spawned: Instant::now(),
+    };
     for index in first..first + count {
+        if let Err(e) = spawn_one(&exe, dir, index, ram, &mut starting) {
+            starting.kill();
+            return Err(e);
+        }
+    }
+    starting.spawned = Instant::now();
+    Ok(starting)
+}
+
+/// Starts clone `index` into `starting`.
+fn spawn_one(
+    exe: &Path,
+    dir: &Path,
+    index: u32,
+    ram: Option<BorrowedFd<'_>>,
+    starting: &mut Starting,
+) -> anyhow::Result<()> {
+    {
         let sock = dir.join(format!("clone-{index}.sock"));
         let console = dir.join(format!("clone-{index}.console"));
         let console_sock = dir.join(format!("clone-{index}.console.sock"));
@@ -122,11 +155,12 @@ pub fn spawn_clones(
         let (ready_rx, ready_tx) = pipe()?;
         // Descriptors the child inherits (no CLOEXEC); closed here once it is spawned.
         // Only this thread spawns processes, so no other child can inherit them.
-        let ready_child = inheritable(&ready_tx)?;
+        let ready_child = inheritable(ready_tx.as_raw_fd())?;
         drop(ready_tx);
-        let ram_child = ram.map(inheritable).transpose()?;
-        let mut cmd = Command::new(&exe);
+        let ram_child = ram.map(|fd| inheritable(fd.as_raw_fd())).transpose()?;
+        let mut cmd = Command::new(exe);
         cmd.arg("run")
+            .arg("--trace")
             .arg("--restore")
             .arg(dir)
             .arg("--api-sock")
@@ -147,43 +181,70 @@ pub fn spawn_clones(
         if let Some(fd) = &ram_child {
             cmd.arg("--ram-fd").arg(fd.as_raw_fd().to_string());
         }
+        let t = Instant::now();
         let child = cmd.spawn()?;
+        tracing::debug!("clone {index}: spawned in {:?}", t.elapsed());
         drop(ram_child);
         drop(ready_child);
-        infos.push(CloneInfo {
+        starting.infos.push(CloneInfo {
             index,
             pid: child.id(),
             api_sock: sock.display().to_string(),
             console: console.display().to_string(),
         });
-        children.push((child, ready_rx, console));
+        starting.children.push((child, ready_rx, console));
     }
-    let deadline = Instant::now() + Duration::from_secs(30);
-    for (child, ready, console) in &mut children {
-        match wait_ready(ready, deadline)? {
-            true => {}
-            false => {
-                let status = child
-                    .try_wait()?
-                    .map_or("still running".into(), |s| s.to_string());
-                anyhow::bail!(
-                    "clone {} ({status}) did not start its vCPUs within 30 s; see {}",
-                    child.id(),
-                    console.display()
-                );
-            }
+    Ok(())
+}
+
+impl Starting {
+    /// Kills the clones and reaps them.
+    pub fn kill(mut self) {
+        for (child, _, _) in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
         }
     }
-    // Reap the clones when they end, so none lingers as a zombie of this VMM.
-    let _ = std::thread::Builder::new()
-        .name("clone-reaper".into())
-        .stack_size(64 << 10)
-        .spawn(move || {
-            for (mut child, _, _) in children {
-                let _ = child.wait();
+
+    /// Waits until each clone writes its ready byte (its API socket is up before that);
+    /// then reaps them in the background when they end.
+    pub fn wait(self) -> anyhow::Result<Vec<CloneInfo>> {
+        let Starting {
+            mut children,
+            infos,
+            spawned,
+        } = self;
+        let deadline = spawned + Duration::from_secs(30);
+        for (child, ready, console) in &mut children {
+            match wait_ready(ready, deadline)? {
+                true => tracing::debug!(
+                    "clone {} running {:?} after the last spawn",
+                    child.id(),
+                    spawned.elapsed()
+                ),
+                false => {
+                    let status = child
+                        .try_wait()?
+                        .map_or("still running".into(), |s| s.to_string());
+                    anyhow::bail!(
+                        "clone {} ({status}) did not start its vCPUs within 30 s; see {}",
+                        child.id(),
+                        console.display()
+                    );
+                }
             }
-        });
-    Ok(infos)
+        }
+        // Reap the clones when they end, so none lingers as a zombie of this VMM.
+        let _ = std::thread::Builder::new()
+            .name("clone-reaper".into())
+            .stack_size(64 << 10)
+            .spawn(move || {
+                for (mut child, _, _) in children {
+                    let _ = child.wait();
+                }
+            });
+        Ok(infos)
+    }
 }
 
 /// A pipe, both ends close-on-exec: (read, write).
@@ -198,9 +259,9 @@ fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
 }
 
 /// A duplicate of `fd` without close-on-exec (a child process inherits it).
-fn inheritable(fd: &OwnedFd) -> std::io::Result<OwnedFd> {
+fn inheritable(fd: std::os::fd::RawFd) -> std::io::Result<OwnedFd> {
     // SAFETY: F_DUPFD returns a new descriptor (no CLOEXEC) or -1; it is owned from here.
-    let n = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD, 3) };
+    let n = unsafe { libc::fcntl(fd, libc::F_DUPFD, 3) };
     if n < 0 {
         return Err(std::io::Error::last_os_error());
     }

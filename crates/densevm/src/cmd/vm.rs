@@ -156,7 +156,7 @@ pub fn main(args: VmArgs) -> anyhow::Result<i32> {
                     p.display()
                 );
             }
-            let clones = crate::cmd::clones::spawn_clones(&snapshot, count, None)?;
+            let clones = crate::cmd::clones::start_clones(&snapshot, count, None)?.wait()?;
             let ms = t0.elapsed().as_secs_f64() * 1e3;
             let mut human = format!("{} clones running ({ms:.1} ms):", clones.len());
             for c in &clones {

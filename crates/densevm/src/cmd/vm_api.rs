@@ -1,7 +1,7 @@
 //! The per-VM API socket of `densevm run --api-sock`: maps API requests onto the VM's
 //! control handle, and starts clone processes.
 
-use crate::cmd::clones::{overlay_hook, spawn_clones};
+use crate::cmd::clones::{template_hook, Starting};
 use densevm_api::request::ApiRequest;
 use densevm_api::server::{ApiResponse, ApiServer, ApiServerHandle};
 use densevm_api::types::{CloneList, InstanceInfo, InstanceState, VmState};
@@ -78,20 +78,32 @@ pub fn serve(
                     );
                 }
                 let dir = PathBuf::from(&req.snapshot_path);
-                let hook = overlay_hook(
+                let started: Arc<Mutex<Option<Starting>>> = Arc::default();
+                let hook = template_hook(
                     dir.clone(),
                     req.count,
                     &specs,
                     disk_handles.clone(),
                     tops.clone(),
                     pmem.clone(),
+                    started.clone(),
                 );
-                match handle.template(dir.clone(), hook) {
-                    Ok(template) => match spawn_clones(&dir, req.count, Some(&template.ram)) {
+                let result = handle.template(dir, hook);
+                let starting = started.lock().unwrap_or_else(|p| p.into_inner()).take();
+                match (result, starting) {
+                    (Ok(_), Some(starting)) => match starting.wait() {
                         Ok(clones) => ApiResponse::ok(&CloneList { clones }),
                         Err(e) => ApiResponse::error(500, format!("{e:#}")),
                     },
-                    Err(e) => error_response(e),
+                    (Ok(_), None) => ApiResponse::error(500, "the template started no clones"),
+                    (Err(e), starting) => {
+                        // Clones started before a later step failed are not reported as
+                        // made: end them.
+                        if let Some(s) = starting {
+                            s.kill();
+                        }
+                        error_response(e)
+                    }
                 }
             }
         }

@@ -77,7 +77,13 @@ impl Vmm {
                 let _ = reply.send(self.with_pause(threads, |vmm| vmm.full_snapshot(&dir)));
             }
             ControlRequest::Template(dir, hook, reply) => {
-                let _ = reply.send(self.with_pause(threads, |vmm| vmm.template(&dir, hook)));
+                let t0 = Instant::now();
+                let result = self.with_pause(threads, |vmm| {
+                    tracing::debug!("template: vCPUs parked after {:?}", t0.elapsed());
+                    vmm.template(&dir, hook)
+                });
+                tracing::debug!("template: done, VM resumed after {:?}", t0.elapsed());
+                let _ = reply.send(result);
             }
         }
     }
@@ -218,6 +224,7 @@ impl Vmm {
         let t0 = Instant::now();
         prepare_dir(dir)?;
         let state = self.capture_state()?;
+        tracing::debug!("template: state captured after {:?}", t0.elapsed());
         let file = match (&self.ram.file, self.ram.shared) {
             (Some(file), true) => {
                 write_windows(self.memory.regions(), file)
@@ -232,25 +239,34 @@ impl Vmm {
                 Arc::new(file)
             }
         };
-        for r in self.memory.regions().iter().filter(|r| is_ram(&r.name)) {
-            remap(r, &file, false).map_err(failed("freezing guest RAM"))?;
-        }
-        self.ram = RamFile::new(Some(file.clone()), false);
         persist::write_state_volatile(&dir.join(STATE_FILE), &state)
             .map_err(|e| ControlError::Failed(e.to_string()))?;
-        hook().map_err(ControlError::Failed)?;
+        tracing::debug!("template: state written after {:?}", t0.elapsed());
+        // Clones may be running once the hook returns (even if it fails): the VM's own RAM
+        // leaves the file whatever the outcome, so nobody writes the template again.
+        let hooked = hook(file.as_fd());
+        tracing::debug!("template: hook done after {:?}", t0.elapsed());
+        for r in self.memory.regions().iter().filter(|r| is_ram(&r.name)) {
+            if let Err(e) = remap(r, &file, false) {
+                // Part of the VM's RAM still writes the file the clones map: it must not
+                // run again.
+                tracing::error!("freezing guest RAM failed ({e}); stopping the VM");
+                self.shared
+                    .stop
+                    .store(true, std::sync::atomic::Ordering::Release);
+                return Err(failed("freezing guest RAM (the VM is stopped)")(e));
+            }
+        }
+        self.ram = RamFile::new(Some(file), false);
+        tracing::debug!("template: RAM frozen after {:?}", t0.elapsed());
+        hooked.map_err(ControlError::Failed)?;
         // The hook may have moved external regions onto new images (clones' overlays):
         // their read-only ranges changed while the vCPUs are parked.
         self.readonly_slots
             .sync(&mut self.vm)
             .map_err(|e| ControlError::Failed(format!("re-registering --pmem slots: {e}")))?;
-        let ram = file
-            .as_fd()
-            .try_clone_to_owned()
-            .map_err(failed("duplicating the RAM file descriptor"))?;
         Ok(Template {
             dir: PathBuf::from(dir),
-            ram,
             paused_for: t0.elapsed(),
         })
     }

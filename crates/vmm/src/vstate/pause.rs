@@ -86,6 +86,24 @@ impl PauseGate {
         self.changed.notify_all();
     }
 
+    /// vCPU side: idles up to `duration` outside the guest (the probe's sleep port),
+    /// returning early once a pause is requested or `stop` is set.
+    pub fn nap(&self, duration: Duration, stop: &AtomicBool) {
+        let deadline = Instant::now() + duration;
+        let mut c = self.counts();
+        while !self.requested() && !stop.load(Ordering::Acquire) {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            c = self
+                .changed
+                .wait_timeout(c, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
     /// vCPU side: the thread has left its run loop and will not enter the guest again.
     pub fn leave(&self) {
         let mut c = self.counts();
@@ -100,6 +118,8 @@ impl PauseGate {
     /// [`resume`]: PauseGate::resume
     pub fn pause(&self, kick: impl Fn(), timeout: Duration) -> bool {
         self.requested.store(true, Ordering::Release);
+        // Wake vCPU threads napping outside the guest ([`nap`](Self::nap)).
+        self.poke();
         let deadline = Instant::now() + timeout;
         let mut c = self.counts();
         while c.parked < c.running {
@@ -205,5 +225,32 @@ mod tests {
         assert!(gate.requested());
         gate.resume();
         assert!(!gate.requested());
+    }
+
+    #[test]
+    fn a_nap_ends_early_when_a_pause_is_requested() {
+        let gate = Arc::new(PauseGate::new(1));
+        let stop = Arc::new(AtomicBool::new(false));
+        // Undisturbed, a nap lasts its duration.
+        let t0 = Instant::now();
+        gate.nap(Duration::from_millis(20), &stop);
+        assert!(t0.elapsed() >= Duration::from_millis(20));
+        let napper = {
+            let (gate, stop) = (gate.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let t0 = Instant::now();
+                gate.nap(Duration::from_secs(30), &stop);
+                gate.park(&stop, || {});
+                t0.elapsed()
+            })
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(
+            gate.pause(|| {}, Duration::from_secs(5)),
+            "the napping thread parked"
+        );
+        gate.resume();
+        let napped = napper.join().unwrap();
+        assert!(napped < Duration::from_secs(10), "napped {napped:?}");
     }
 }

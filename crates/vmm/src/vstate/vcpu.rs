@@ -12,7 +12,7 @@ use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Why a vCPU stopped the VM with an error.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -295,7 +295,13 @@ impl Vcpu {
         Step::Stop
     }
 
-    fn request(&self, events: &EventSink, req: GuestRequest) -> Step {
+    fn request(&self, shared: &VcpuShared, events: &EventSink, req: GuestRequest) -> Step {
+        if let GuestRequest::Sleep(ms) = req {
+            shared
+                .pause
+                .nap(Duration::from_millis(ms.into()), &shared.stop);
+            return Step::Continue;
+        }
         if let GuestRequest::GuestFault(vector) = req {
             let (rip, cr2) = self.fd.get_regs().map(|r| (r.rbx, r.rcx)).unwrap_or((0, 0));
             return self.fail(events, VcpuFailure::GuestException { vector, rip, cr2 });
@@ -324,7 +330,7 @@ impl Vcpu {
         };
         match exit {
             VcpuExit::IoOut(port, data) => match shared.pio.write(u64::from(port), data) {
-                Some(Some(req)) => self.request(events, req),
+                Some(Some(req)) => self.request(shared, events, req),
                 Some(None) => Step::Continue,
                 None => {
                     shared.log_unknown(false, u64::from(port), true);
@@ -349,7 +355,7 @@ impl Vcpu {
                 }
                 Outcome::Failed => self.fail(events, VcpuFailure::MemoryFault { gpa: Some(addr) }),
                 Outcome::NotCovered => match shared.mmio.write(addr, data) {
-                    Some(Some(req)) => self.request(events, req),
+                    Some(Some(req)) => self.request(shared, events, req),
                     Some(None) => Step::Continue,
                     None => {
                         shared.log_unknown(true, addr, true);
