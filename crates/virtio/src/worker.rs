@@ -262,7 +262,11 @@ mod tests {
     #[test]
     fn tick_runs_timed_work_without_notifications() {
         assert_eq!(epoll_timeout(None), -1);
-        assert_eq!(epoll_timeout(Some(Duration::from_micros(1))), 1, "rounded up");
+        assert_eq!(
+            epoll_timeout(Some(Duration::from_micros(1))),
+            1,
+            "rounded up"
+        );
         assert_eq!(epoll_timeout(Some(Duration::from_secs(u64::MAX))), i32::MAX);
         let ticks = Arc::new(AtomicU32::new(0));
         let event = EventFd::new(libc::EFD_NONBLOCK).unwrap();
@@ -276,7 +280,10 @@ mod tests {
             std::thread::sleep(Duration::from_millis(1));
         }
         let h = w.stop().unwrap();
-        assert!(ticks.load(Ordering::SeqCst) >= 4, "ticks without any notification");
+        assert!(
+            ticks.load(Ordering::SeqCst) >= 4,
+            "ticks without any notification"
+        );
         assert_eq!(h.calls, 1, "only the start-up call");
     }
 

@@ -311,7 +311,11 @@ impl BusDevice for VirtioPci {
                 for (i, b) in data.iter_mut().enumerate() {
                     match at + i as u64 {
                         0x14 => *b = self.status(),
-                        0x15 => *b = self.interrupt.config_generation(self.common.config_generation),
+                        0x15 => {
+                            *b = self
+                                .interrupt
+                                .config_generation(self.common.config_generation)
+                        }
                         _ => {}
                     }
                 }
