@@ -324,6 +324,16 @@ impl BalloonHandle {
         Ok(())
     }
 
+    /// [`set_target_pages`](Self::set_target_pages) in bytes, rounded down to whole pages.
+    pub fn set_target_bytes(&self, bytes: u64) -> Result<(), BalloonError> {
+        let pages = u32::try_from(bytes / PAGE_SIZE).map_err(|_| BalloonError::TargetTooLarge {
+            mib: u32::try_from(bytes >> 20).unwrap_or(u32::MAX),
+            max: u32::MAX / PAGES_PER_MIB,
+        })?;
+        self.set_target_pages(pages);
+        Ok(())
+    }
+
     /// The target in pages (`num_pages`).
     pub fn target_pages(&self) -> u32 {
         self.shared.num_pages()

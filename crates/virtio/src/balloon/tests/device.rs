@@ -190,6 +190,9 @@ fn a_new_target_raises_the_configuration_interrupt_when_the_driver_runs() {
         Err(BalloonError::TargetTooLarge { .. })
     ));
     assert_eq!(h.config().amount_mib, 8);
+    h.set_target_bytes(8 * MIB + 4095).unwrap();
+    assert_eq!(h.target_pages(), 2048, "bytes round down to pages");
+    assert!(h.set_target_bytes(1 << 45).is_err());
     d.ack_features(features::COMMON);
     let irq = Arc::new(RecordingInterrupt::default());
     let (_, dqs, _) = queues(&mem, 2, 2);
