@@ -278,5 +278,8 @@ fn a_configuration_change_raises_the_config_vector_and_moves_the_generation() {
     assert_eq!(word[1], generation.wrapping_add(1), "also in a wider read");
     assert_eq!(d.r8(ISR_CFG), 2, "ISR says configuration");
     assert_eq!(d.r8(ISR_CFG), 0, "reading ISR clears it");
-    // (A snapshot keeping the moved generation is checked with the balloon, which saves.)
+    // The snapshot keeps the generation the driver saw.
+    let state = d.dev.save_state().unwrap();
+    assert_eq!(state.common.config_generation, generation.wrapping_add(1));
+    d.dev.resume().unwrap();
 }
