@@ -16,8 +16,9 @@
 //!   around a snapshot);
 //! - `state.rs` — [`StateError`] and [`QueuePosition`]: saving and restoring devices;
 //! - `transport/pci.rs` — virtio-pci (modern, MSI-X);
-//! - `block/`, `pmem/`, `p9/`, `rng/` — the devices.
+//! - `balloon/`, `block/`, `pmem/`, `p9/`, `rng/` — the devices.
 
+pub mod balloon;
 pub mod block;
 pub mod device;
 pub mod interrupt;
@@ -44,6 +45,8 @@ pub mod device_type {
     pub const BLOCK: u32 = 2;
     /// virtio-rng (entropy).
     pub const RNG: u32 = 4;
+    /// virtio-balloon (traditional memory balloon).
+    pub const BALLOON: u32 = 5;
     /// virtio-9p.
     pub const P9: u32 = 9;
     /// virtio-pmem.

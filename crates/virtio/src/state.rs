@@ -23,6 +23,7 @@ pub fn device_name(device_type: u32) -> &'static str {
     match device_type {
         device_type::BLOCK => "virtio-blk",
         device_type::RNG => "virtio-rng",
+        device_type::BALLOON => "virtio-balloon",
         device_type::P9 => "virtio-9p",
         device_type::PMEM => "virtio-pmem",
         _ => "virtio device",

@@ -4,6 +4,7 @@
 use std::io;
 use std::os::fd::AsRawFd;
 use std::thread::JoinHandle;
+use std::time::Duration;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 
@@ -15,6 +16,23 @@ pub trait QueueHandler: Send + 'static {
     /// Queue `index` was notified by the driver. Also called once for every queue when the
     /// worker starts, for requests made available before activation finished.
     fn handle_queue(&mut self, index: usize);
+
+    /// Timed work: called once the start-up calls are done and again after every wake-up
+    /// (notifications handled, or the time it asked for passed). Runs whatever is due and
+    /// returns how long the worker may wait for a notification before calling it again;
+    /// `None` (the default: no timed work) waits for notifications only. No timer fd, no
+    /// extra thread: the wait is `epoll_wait`'s timeout.
+    fn tick(&mut self) -> Option<Duration> {
+        None
+    }
+}
+
+/// An `epoll_wait` timeout in milliseconds for `wait` (rounded up, so a deadline is never
+/// reached early; -1 waits without one).
+fn epoll_timeout(wait: Option<Duration>) -> i32 {
+    wait.map_or(-1, |d| {
+        i32::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(i32::MAX)
+    })
 }
 
 /// A running worker; [`Worker::stop`] ends it and gives the handler back, [`Worker::park`]
@@ -63,10 +81,12 @@ impl<H: QueueHandler> Worker<H> {
                     handler.handle_queue(i);
                 }
                 let mut ready = vec![EpollEvent::default(); events.len() + 1];
+                let mut wait = handler.tick();
                 loop {
-                    let n = match epoll.wait(-1, &mut ready) {
+                    let n = match epoll.wait(epoll_timeout(wait), &mut ready) {
                         Ok(n) => n,
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                        // A signal: nothing to handle, but the timed work may be due.
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => 0,
                         Err(e) => {
                             tracing::error!("virtio worker: epoll_wait failed: {e}");
                             break;
@@ -84,6 +104,7 @@ impl<H: QueueHandler> Worker<H> {
                         let _ = events[index].read();
                         handler.handle_queue(index);
                     }
+                    wait = handler.tick();
                 }
                 (handler, events)
             })?;
@@ -221,6 +242,49 @@ mod tests {
             std::thread::sleep(Duration::from_millis(30));
             self.done += 1;
         }
+    }
+
+    /// Counts ticks; asks to be called again every 5 ms.
+    struct Ticking {
+        ticks: Arc<AtomicU32>,
+        calls: u32,
+    }
+    impl QueueHandler for Ticking {
+        fn handle_queue(&mut self, _index: usize) {
+            self.calls += 1;
+        }
+        fn tick(&mut self) -> Option<Duration> {
+            self.ticks.fetch_add(1, Ordering::SeqCst);
+            Some(Duration::from_millis(5))
+        }
+    }
+
+    #[test]
+    fn tick_runs_timed_work_without_notifications() {
+        assert_eq!(epoll_timeout(None), -1);
+        assert_eq!(
+            epoll_timeout(Some(Duration::from_micros(1))),
+            1,
+            "rounded up"
+        );
+        assert_eq!(epoll_timeout(Some(Duration::from_secs(u64::MAX))), i32::MAX);
+        let ticks = Arc::new(AtomicU32::new(0));
+        let event = EventFd::new(libc::EFD_NONBLOCK).unwrap();
+        let handler = Ticking {
+            ticks: ticks.clone(),
+            calls: 0,
+        };
+        let w = Worker::spawn("test-tick", vec![event], handler).unwrap();
+        let t = Instant::now();
+        while ticks.load(Ordering::SeqCst) < 4 && t.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let h = w.stop().unwrap();
+        assert!(
+            ticks.load(Ordering::SeqCst) >= 4,
+            "ticks without any notification"
+        );
+        assert_eq!(h.calls, 1, "only the start-up call");
     }
 
     #[test]

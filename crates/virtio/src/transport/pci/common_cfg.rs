@@ -79,8 +79,8 @@ pub struct CommonCfg {
     pub status: u8,
     /// MSI-X vector for configuration changes.
     pub msix_config: u16,
-    /// Configuration generation: densevm's device configurations never change under the
-    /// driver, so it stays what power-on (or a snapshot) set.
+    /// Configuration generation as power-on (or a snapshot) set it; the transport adds the
+    /// configuration changes the device announced since (virtio-balloon's target).
     pub(super) config_generation: u8,
     pub(super) queue_select: u16,
     /// Every queue.

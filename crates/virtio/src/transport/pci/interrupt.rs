@@ -17,6 +17,10 @@ pub struct PciInterrupt {
     config_vector: AtomicU16,
     isr: AtomicU8,
     needs_reset: AtomicBool,
+    /// Configuration changes the device announced ([`Interrupt::notify_config`]): added to
+    /// the common configuration's `config_generation`, so a driver reading a multi-byte
+    /// configuration field across a change sees the generation move (virtio 1.2 §2.5.1).
+    config_changes: AtomicU8,
 }
 
 impl PciInterrupt {
@@ -27,6 +31,7 @@ impl PciInterrupt {
             config_vector: AtomicU16::new(NO_VECTOR),
             isr: AtomicU8::new(0),
             needs_reset: AtomicBool::new(false),
+            config_changes: AtomicU8::new(0),
         }
     }
 
@@ -62,6 +67,12 @@ impl PciInterrupt {
     /// The transport itself found the device unusable (bad rings at activation).
     pub(super) fn fail(&self) {
         self.needs_reset();
+    }
+
+    /// `config_generation` as the driver reads it: the registers' value moved on by every
+    /// configuration change since the function was built.
+    pub(super) fn config_generation(&self, base: u8) -> u8 {
+        base.wrapping_add(self.config_changes.load(Ordering::Acquire))
     }
 
     pub(super) fn take_isr(&self) -> u8 {
@@ -123,6 +134,8 @@ impl Interrupt for PciInterrupt {
     }
 
     fn notify_config(&self) {
+        // The generation moves before the interrupt, so a driver woken by it reads the new one.
+        self.config_changes.fetch_add(1, Ordering::AcqRel);
         self.raise(self.config_vector.load(Ordering::Acquire), ISR_CONFIG);
     }
 

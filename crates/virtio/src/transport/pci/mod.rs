@@ -306,9 +306,17 @@ impl BusDevice for VirtioPci {
         match region {
             COMMON_CFG => {
                 self.common.read(at, data);
-                if at == 0x14 {
-                    if let Some(b) = data.first_mut() {
-                        *b = self.status();
+                // device_status (0x14) and config_generation (0x15) also hold what the
+                // device's interrupt side changed.
+                for (i, b) in data.iter_mut().enumerate() {
+                    match at + i as u64 {
+                        0x14 => *b = self.status(),
+                        0x15 => {
+                            *b = self
+                                .interrupt
+                                .config_generation(self.common.config_generation)
+                        }
+                        _ => {}
                     }
                 }
             }

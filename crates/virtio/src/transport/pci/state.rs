@@ -174,7 +174,7 @@ impl VirtioPci {
                 queue_select: c.queue_select,
                 msix_config: c.msix_config,
                 status: c.status,
-                config_generation: c.config_generation,
+                config_generation: self.interrupt.config_generation(c.config_generation),
                 queues,
             },
             isr,

@@ -253,3 +253,33 @@ fn hostile_register_accesses_are_harmless() {
     d.dev.config_write(4, 0, &0x1234_0000u32.to_le_bytes());
     assert_eq!(d.dev.config_read(4), BAR, "BAR stays put");
 }
+
+#[test]
+fn a_configuration_change_raises_the_config_vector_and_moves_the_generation() {
+    let mq = MockQueue::new(guest_memory(4 << 20), 0, 16);
+    let mut d = driver(&mq);
+    d.negotiate_and_setup(&mq);
+    // Vector 0 → a message, unmasked; the configuration-change vector is 0.
+    d.w(MSIX_TABLE, &0xfee0_0000u32.to_le_bytes());
+    d.w(MSIX_TABLE + 8, &0x42u32.to_le_bytes());
+    d.w(MSIX_TABLE + 12, &0u32.to_le_bytes());
+    d.w(0x10, &0u16.to_le_bytes());
+    assert_eq!(d.r32(0x10) & 0xffff, 0, "msix_config = 0");
+    d.driver_ok();
+    let generation = d.r8(0x15);
+    let _ = d.triggers[0].read();
+    // What a device does when its configuration changes (virtio-balloon's target).
+    crate::Interrupt::notify_config(&*d.dev.interrupt);
+    assert!(d.triggers[0].read().is_ok(), "config vector 0 raised");
+    assert!(d.triggers[1].read().is_err(), "not the queue's vector");
+    assert_eq!(d.r8(0x15), generation.wrapping_add(1), "generation moved");
+    let mut word = [0u8; 4];
+    BusDevice::read(&mut d.dev, 0x14, &mut word);
+    assert_eq!(word[1], generation.wrapping_add(1), "also in a wider read");
+    assert_eq!(d.r8(ISR_CFG), 2, "ISR says configuration");
+    assert_eq!(d.r8(ISR_CFG), 0, "reading ISR clears it");
+    // The snapshot keeps the generation the driver saw.
+    let state = d.dev.save_state().unwrap();
+    assert_eq!(state.common.config_generation, generation.wrapping_add(1));
+    d.dev.resume().unwrap();
+}
