@@ -11,7 +11,8 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::types::{
-    ApiError, CloneList, CloneRequest, InstanceInfo, SnapshotCreate, VmState, VmStateChange,
+    ApiError, Balloon, BalloonStats, BalloonStatsUpdate, BalloonUpdate, CloneList, CloneRequest,
+    InstanceInfo, SnapshotCreate, VmState, VmStateChange,
 };
 
 /// How long the client waits for the server by default (snapshots and clones take time).
@@ -125,16 +126,47 @@ impl ApiClient {
         self.call("POST", "/clones", Some(&body))
     }
 
-    fn set_state(&self, state: VmState) -> Result<(), ClientError> {
-        let body = self.to_json(&VmStateChange { state })?;
-        self.checked("PATCH", "/vm", Some(&body)).map(drop)
+    /// `PUT /balloon`: set up the balloon.
+    pub fn put_balloon(&self, balloon: &Balloon) -> Result<(), ClientError> {
+        self.send_json("PUT", "/balloon", balloon)
     }
 
-    fn to_json<T: Serialize>(&self, value: &T) -> Result<String, ClientError> {
-        serde_json::to_string(value).map_err(|e| ClientError::InvalidRequest(e.to_string()))
+    /// `PATCH /balloon`: a new balloon target, in MiB.
+    pub fn set_balloon_target(&self, amount_mib: u32) -> Result<(), ClientError> {
+        self.send_json("PATCH", "/balloon", &BalloonUpdate { amount_mib })
     }
 
-    fn call<T: DeserializeOwned>(
+    /// `GET /balloon`.
+    pub fn balloon(&self) -> Result<Balloon, ClientError> {
+        self.call("GET", "/balloon", None)
+    }
+
+    /// `GET /balloon/statistics`.
+    pub fn balloon_stats(&self) -> Result<BalloonStats, ClientError> {
+        self.call("GET", "/balloon/statistics", None)
+    }
+
+    /// `PATCH /balloon/statistics`: how often the guest reports, in seconds (0: never).
+    pub fn set_balloon_stats_interval(&self, seconds: u32) -> Result<(), ClientError> {
+        let update = BalloonStatsUpdate {
+            stats_polling_interval_s: seconds,
+        };
+        self.send_json("PATCH", "/balloon/statistics", &update)
+    }
+
+    /// Sends `value` as the JSON body of `method path`; any 2xx answer is success.
+    pub fn send_json<T: Serialize + ?Sized>(
+        &self,
+        method: &str,
+        path: &str,
+        value: &T,
+    ) -> Result<(), ClientError> {
+        let body = self.to_json(value)?;
+        self.checked(method, path, Some(&body)).map(drop)
+    }
+
+    /// `method path` with an optional JSON body; the 2xx answer's body parsed as `T`.
+    pub fn call<T: DeserializeOwned>(
         &self,
         method: &str,
         path: &str,
@@ -144,8 +176,18 @@ impl ApiClient {
         serde_json::from_slice(&bytes).map_err(|e| self.bad(format!("{method} {path}: {e}")))
     }
 
-    /// [`request`](Self::request), with a non-2xx status turned into [`ClientError::Api`].
-    fn checked(
+    fn set_state(&self, state: VmState) -> Result<(), ClientError> {
+        let body = self.to_json(&VmStateChange { state })?;
+        self.checked("PATCH", "/vm", Some(&body)).map(drop)
+    }
+
+    fn to_json<T: Serialize + ?Sized>(&self, value: &T) -> Result<String, ClientError> {
+        serde_json::to_string(value).map_err(|e| ClientError::InvalidRequest(e.to_string()))
+    }
+
+    /// [`request`](Self::request), with a non-2xx status turned into [`ClientError::Api`];
+    /// the body of the 2xx answer.
+    pub fn checked(
         &self,
         method: &str,
         path: &str,

@@ -294,13 +294,24 @@ pub fn write_response<W: Write + ?Sized>(
     body: Option<&[u8]>,
     keep_alive: bool,
 ) -> io::Result<()> {
+    write_response_typed(w, status, "application/json", body, keep_alive)
+}
+
+/// As [`write_response`], with the body's `Content-Type`.
+pub fn write_response_typed<W: Write + ?Sized>(
+    w: &mut W,
+    status: u16,
+    content_type: &str,
+    body: Option<&[u8]>,
+    keep_alive: bool,
+) -> io::Result<()> {
     let mut out = format!(
         "HTTP/1.1 {status} {}\r\nServer: densevm\r\n",
         reason(status)
     );
     let body = body.filter(|_| status != 204 && status != 304 && status >= 200);
     if let Some(body) = body {
-        out.push_str("Content-Type: application/json\r\n");
+        out.push_str(&format!("Content-Type: {content_type}\r\n"));
         out.push_str(&format!("Content-Length: {}\r\n", body.len()));
     } else if status != 204 && status != 304 && status >= 200 {
         out.push_str("Content-Length: 0\r\n");

@@ -8,6 +8,14 @@
 //! | `PATCH` | `/vm`              | [`VmStateChange`]    | 204                        |
 //! | `PUT`   | `/snapshot/create` | [`SnapshotCreate`]   | 204                        |
 //! | `POST`  | `/clones`          | [`CloneRequest`]     | 200 [`CloneList`]          |
+//! | `PUT`   | `/balloon`         | [`Balloon`]          | 204                        |
+//! | `PATCH` | `/balloon`         | [`BalloonUpdate`]    | 204                        |
+//! | `GET`   | `/balloon`         | —                    | 200 [`Balloon`]            |
+//! | `GET`   | `/balloon/statistics` | —                 | 200 [`BalloonStats`]       |
+//! | `PATCH` | `/balloon/statistics` | [`BalloonStatsUpdate`] | 204                   |
+//!
+//! (The balloon routes are parsed and typed; until the VMM has a balloon device it answers
+//! them 400.) docs/api/openapi.yaml documents every route.
 //!
 //! Errors carry Firecracker's body, `{"fault_message": "..."}` ([`ApiError`]), saying what
 //! to do. Differences from Firecracker: `snapshot_path` is a directory (it holds `state`
@@ -21,7 +29,8 @@
 //!   keep-alive, pipelining); no chunked bodies.
 //! - [`server`]: [`ApiServer`], one thread named `api` with a 128 KiB stack, one connection
 //!   at a time, each request due within an idle timeout; no async runtime, so the VMM
-//!   stays small.
+//!   stays small. [`ApiServer::spawn_router`] serves another route table (the fleet
+//!   daemon's) on the same HTTP code.
 //! - [`client`]: [`ApiClient`], one connection per request, with typed helpers.
 
 pub mod client;
@@ -34,8 +43,11 @@ pub mod types;
 
 pub use client::{ApiClient, ClientError};
 pub use request::{parse_route, ApiErrorResponse, ApiRequest};
-pub use server::{ApiHandler, ApiResponse, ApiServer, ApiServerError, ApiServerHandle};
+pub use server::{
+    ApiHandler, ApiResponse, ApiServer, ApiServerError, ApiServerHandle, HttpHandler,
+};
 pub use types::{
-    ApiError, CloneInfo, CloneList, CloneRequest, InstanceInfo, InstanceState, SnapshotCreate,
-    SnapshotType, VmState, VmStateChange, MAX_CLONES,
+    ApiError, Balloon, BalloonStats, BalloonStatsUpdate, BalloonUpdate, CloneInfo, CloneList,
+    CloneRequest, InstanceInfo, InstanceState, SnapshotCreate, SnapshotType, VmState,
+    VmStateChange, MAX_CLONES,
 };

@@ -3,7 +3,10 @@
 
 use serde::de::DeserializeOwned;
 
-use crate::types::{CloneRequest, SnapshotCreate, VmStateChange, MAX_CLONES};
+use crate::types::{
+    Balloon, BalloonStatsUpdate, BalloonUpdate, CloneRequest, SnapshotCreate, VmStateChange,
+    MAX_CLONES,
+};
 
 /// A request whose route is decided and whose body is parsed and checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -16,6 +19,16 @@ pub enum ApiRequest {
     CreateSnapshot(SnapshotCreate),
     /// `POST /clones`.
     CreateClones(CloneRequest),
+    /// `PUT /balloon`: set up the balloon (target and options).
+    PutBalloon(Balloon),
+    /// `PATCH /balloon`: a new balloon target.
+    PatchBalloon(BalloonUpdate),
+    /// `GET /balloon`: answer with the balloon's [`Balloon`] settings.
+    GetBalloon,
+    /// `GET /balloon/statistics`: answer with a [`BalloonStats`](crate::BalloonStats).
+    GetBalloonStats,
+    /// `PATCH /balloon/statistics`: a new statistics polling interval.
+    PatchBalloonStats(BalloonStatsUpdate),
 }
 
 /// An error to answer with: status and the `fault_message`.
@@ -36,17 +49,21 @@ impl ApiErrorResponse {
         }
     }
 
-    fn bad_request(message: impl Into<String>) -> Self {
+    /// A 400 with this message.
+    pub fn bad_request(message: impl Into<String>) -> Self {
         Self::new(400, message)
     }
 }
 
-/// Every resource and the methods it takes.
-const ROUTES: &[(&str, &str)] = &[
-    ("/", "GET"),
-    ("/vm", "PATCH"),
-    ("/snapshot/create", "PUT"),
-    ("/clones", "POST"),
+/// Every resource and the methods it takes (docs/api/openapi.yaml documents each; a test
+/// checks that it does).
+pub const ROUTES: &[(&str, &[&str])] = &[
+    ("/", &["GET"]),
+    ("/vm", &["PATCH"]),
+    ("/snapshot/create", &["PUT"]),
+    ("/clones", &["POST"]),
+    ("/balloon", &["PUT", "PATCH", "GET"]),
+    ("/balloon/statistics", &["GET", "PATCH"]),
 ];
 
 /// Longest piece of a client's path quoted back in a message.
@@ -59,36 +76,27 @@ const MAX_QUOTED_PATH: usize = 128;
 /// out of range.
 pub fn parse_route(method: &str, path: &str, body: &[u8]) -> Result<ApiRequest, ApiErrorResponse> {
     let path = normalize(path);
-    let Some(&(_, allowed)) = ROUTES.iter().find(|(p, _)| *p == path) else {
+    let Some(&(path, allowed)) = ROUTES.iter().find(|(p, _)| *p == path) else {
         return Err(ApiErrorResponse::new(
             404,
             format!(
                 "no resource at {}; densevm's API has: {}",
                 quote(path),
-                known_routes()
+                known_routes(ROUTES)
             ),
         ));
     };
-    if method != allowed {
-        return Err(ApiErrorResponse::new(
-            405,
-            format!(
-                "{} {} is not allowed: {path} takes {allowed} only",
-                quote(method),
-                path
-            ),
-        ));
-    }
-    match path {
-        "/" => Ok(ApiRequest::GetInfo),
-        "/vm" => json::<VmStateChange>(method, path, body, r#"{"state": "Paused"}"#)
+    check_method(method, path, allowed)?;
+    match (method, path) {
+        ("GET", "/") => Ok(ApiRequest::GetInfo),
+        ("PATCH", "/vm") => json::<VmStateChange>(method, path, body, r#"{"state": "Paused"}"#)
             .map(ApiRequest::PatchVm),
-        "/snapshot/create" => {
+        ("PUT", "/snapshot/create") => {
             let s = json::<SnapshotCreate>(method, path, body, r#"{"snapshot_path": "DIR"}"#)?;
             check_snapshot(&s)?;
             Ok(ApiRequest::CreateSnapshot(s))
         }
-        _ => {
+        ("POST", "/clones") => {
             let c = json::<CloneRequest>(
                 method,
                 path,
@@ -98,7 +106,36 @@ pub fn parse_route(method: &str, path: &str, body: &[u8]) -> Result<ApiRequest, 
             check_clones(&c)?;
             Ok(ApiRequest::CreateClones(c))
         }
+        ("PUT", "/balloon") => json::<Balloon>(
+            method,
+            path,
+            body,
+            r#"{"amount_mib": 0, "deflate_on_oom": true, "stats_polling_interval_s": 1}"#,
+        )
+        .map(ApiRequest::PutBalloon),
+        ("PATCH", "/balloon") => json::<BalloonUpdate>(method, path, body, r#"{"amount_mib": 64}"#)
+            .map(ApiRequest::PatchBalloon),
+        ("GET", "/balloon") => Ok(ApiRequest::GetBalloon),
+        ("GET", "/balloon/statistics") => Ok(ApiRequest::GetBalloonStats),
+        _ => json::<BalloonStatsUpdate>(method, path, body, r#"{"stats_polling_interval_s": 1}"#)
+            .map(ApiRequest::PatchBalloonStats),
     }
+}
+
+/// 405 unless `method` is one of `allowed` (the methods `path` takes), naming those.
+pub fn check_method(method: &str, path: &str, allowed: &[&str]) -> Result<(), ApiErrorResponse> {
+    if allowed.contains(&method) {
+        return Ok(());
+    }
+    Err(ApiErrorResponse::new(
+        405,
+        format!(
+            "{} {} is not allowed: {path} takes {} only",
+            quote(method),
+            path,
+            allowed.join(", ")
+        ),
+    ))
 }
 
 fn check_snapshot(s: &SnapshotCreate) -> Result<(), ApiErrorResponse> {
@@ -132,7 +169,9 @@ fn check_clones(c: &CloneRequest) -> Result<(), ApiErrorResponse> {
     Ok(())
 }
 
-fn json<T: DeserializeOwned>(
+/// Parses a request body as `T`: 400 for an empty body (showing `example`) or JSON that is
+/// not a `T` (with serde's message).
+pub fn json<T: DeserializeOwned>(
     method: &str,
     path: &str,
     body: &[u8],
@@ -151,7 +190,7 @@ fn json<T: DeserializeOwned>(
 }
 
 /// The path without its query string or fragment, and without one trailing `/`.
-fn normalize(path: &str) -> &str {
+pub fn normalize(path: &str) -> &str {
     let end = path.find(['?', '#']).unwrap_or(path.len());
     let path = &path[..end];
     match path.strip_suffix('/') {
@@ -160,13 +199,17 @@ fn normalize(path: &str) -> &str {
     }
 }
 
-fn known_routes() -> String {
-    let list: Vec<String> = ROUTES.iter().map(|(p, m)| format!("{m} {p}")).collect();
+/// "GET /, PATCH /vm, ...": every route of a table, for a 404's message.
+pub fn known_routes(routes: &[(&str, &[&str])]) -> String {
+    let list: Vec<String> = routes
+        .iter()
+        .flat_map(|(p, ms)| ms.iter().map(move |m| format!("{m} {p}")))
+        .collect();
     list.join(", ")
 }
 
 /// A client-chosen string cut to a sane length for a message.
-fn quote(s: &str) -> String {
+pub fn quote(s: &str) -> String {
     match s.char_indices().nth(MAX_QUOTED_PATH) {
         Some((i, _)) => format!("{}...", &s[..i]),
         None => s.to_owned(),

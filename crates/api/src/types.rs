@@ -135,3 +135,78 @@ pub struct ApiError {
     /// What went wrong and what to do about it.
     pub fault_message: String,
 }
+
+/// `PUT /balloon` and the answer to `GET /balloon` (Firecracker's `Balloon`): the balloon
+/// device's target and options.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Balloon {
+    /// How much guest memory the balloon should hold (taken from the guest), in MiB.
+    pub amount_mib: u32,
+    /// Whether the guest may deflate the balloon itself when it would otherwise OOM-kill.
+    pub deflate_on_oom: bool,
+    /// How often the guest reports statistics, in seconds; 0 turns them off.
+    #[serde(default)]
+    pub stats_polling_interval_s: u32,
+}
+
+/// `PATCH /balloon` (Firecracker's `BalloonUpdate`): a new target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BalloonUpdate {
+    /// How much guest memory the balloon should hold, in MiB.
+    pub amount_mib: u32,
+}
+
+/// `PATCH /balloon/statistics` (Firecracker's `BalloonStatsUpdate`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BalloonStatsUpdate {
+    /// How often the guest reports statistics, in seconds; 0 turns them off.
+    pub stats_polling_interval_s: u32,
+}
+
+/// The answer to `GET /balloon/statistics` (Firecracker's `BalloonStats`): the balloon's
+/// target and actual size, and the guest's last memory statistics (each absent until the
+/// guest reported it). Byte counts are bytes, event counts are totals since the guest booted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BalloonStats {
+    /// Target size, in 4 KiB pages.
+    pub target_pages: u32,
+    /// Size the guest has reached, in 4 KiB pages.
+    pub actual_pages: u32,
+    /// Target size, in MiB.
+    pub target_mib: u32,
+    /// Size the guest has reached, in MiB.
+    pub actual_mib: u32,
+    /// Memory swapped in, bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub swap_in: Option<u64>,
+    /// Memory swapped out, bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub swap_out: Option<u64>,
+    /// Major page faults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub major_faults: Option<u64>,
+    /// Minor page faults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub minor_faults: Option<u64>,
+    /// Memory the guest does not use at all, bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub free_memory: Option<u64>,
+    /// The guest's total memory, bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub total_memory: Option<u64>,
+    /// Memory the guest could use without swapping (its MemAvailable), bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub available_memory: Option<u64>,
+    /// The guest's page cache (disk caches), bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_caches: Option<u64>,
+    /// Successful hugetlb page allocations.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hugetlb_allocations: Option<u64>,
+    /// Failed hugetlb page allocations.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hugetlb_failures: Option<u64>,
+}

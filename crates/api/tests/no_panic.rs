@@ -52,6 +52,8 @@ fn the_seeds_mean_what_their_names_say() {
     assert_eq!(first("chunked"), 501);
     assert_eq!(first("garbage_tls"), 400);
     assert_eq!(first("conflicting_length"), 400);
+    assert_eq!(first("balloon_patch"), 200);
+    assert_eq!(first("balloon_stats_then_bad_put"), 200);
 }
 
 proptest! {

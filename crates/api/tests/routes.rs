@@ -183,3 +183,75 @@ fn response_types_use_firecrackers_strings() {
         r#"{"snapshot_type":"Template","snapshot_path":"/t"}"#
     );
 }
+
+#[test]
+fn balloon_routes_parse_with_firecrackers_shapes() {
+    use densevm_api::{Balloon, BalloonStats, BalloonStatsUpdate, BalloonUpdate};
+    assert_eq!(
+        parse_route(
+            "PUT",
+            "/balloon",
+            br#"{"amount_mib": 0, "deflate_on_oom": true, "stats_polling_interval_s": 1}"#
+        ),
+        Ok(ApiRequest::PutBalloon(Balloon {
+            amount_mib: 0,
+            deflate_on_oom: true,
+            stats_polling_interval_s: 1
+        }))
+    );
+    // The polling interval may be left out (0: no statistics).
+    assert_eq!(
+        parse_route(
+            "PUT",
+            "/balloon",
+            br#"{"amount_mib": 8, "deflate_on_oom": false}"#
+        ),
+        Ok(ApiRequest::PutBalloon(Balloon {
+            amount_mib: 8,
+            deflate_on_oom: false,
+            stats_polling_interval_s: 0
+        }))
+    );
+    assert_eq!(
+        parse_route("PATCH", "/balloon", br#"{"amount_mib": 64}"#),
+        Ok(ApiRequest::PatchBalloon(BalloonUpdate { amount_mib: 64 }))
+    );
+    assert_eq!(
+        parse_route("GET", "/balloon/", b""),
+        Ok(ApiRequest::GetBalloon)
+    );
+    assert_eq!(
+        parse_route("GET", "/balloon/statistics", b""),
+        Ok(ApiRequest::GetBalloonStats)
+    );
+    assert_eq!(
+        parse_route(
+            "PATCH",
+            "/balloon/statistics",
+            br#"{"stats_polling_interval_s": 5}"#
+        ),
+        Ok(ApiRequest::PatchBalloonStats(BalloonStatsUpdate {
+            stats_polling_interval_s: 5
+        }))
+    );
+    let (status, msg) = err("POST", "/balloon", "{}");
+    assert_eq!(status, 405);
+    assert!(msg.contains("PUT, PATCH, GET"), "{msg}");
+    assert_eq!(err("PUT", "/balloon/statistics", "{}").0, 405);
+    assert_eq!(err("PATCH", "/balloon", r#"{"amount_mib": -1}"#).0, 400);
+    assert_eq!(err("PATCH", "/balloon", r#"{"amount": 1}"#).0, 400);
+    assert_eq!(err("PUT", "/balloon", r#"{"amount_mib": 1}"#).0, 400);
+    assert_eq!(err("PATCH", "/balloon/statistics", "").0, 400);
+    // Statistics: the first four fields always, the guest's only once it reported them.
+    let s: BalloonStats = serde_json::from_str(
+        r#"{"target_pages": 256, "actual_pages": 0, "target_mib": 1, "actual_mib": 0,
+            "free_memory": 1048576, "available_memory": 2097152, "disk_caches": 4096}"#,
+    )
+    .unwrap();
+    assert_eq!(s.free_memory, Some(1 << 20));
+    assert_eq!(s.swap_in, None);
+    assert_eq!(
+        serde_json::to_string(&BalloonStats::default()).unwrap(),
+        r#"{"target_pages":0,"actual_pages":0,"target_mib":0,"actual_mib":0}"#
+    );
+}

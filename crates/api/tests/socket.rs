@@ -36,6 +36,22 @@ fn recording(calls: Calls) -> Box<dyn FnMut(ApiRequest) -> ApiResponse + Send> {
                 ApiResponse::error(409, "a snapshot is already being written; retry later")
             }
             ApiRequest::CreateSnapshot(_) => ApiResponse::no_content(),
+            ApiRequest::GetBalloonStats => ApiResponse::ok(&densevm_api::BalloonStats {
+                target_mib: 64,
+                actual_mib: 32,
+                target_pages: 64 * 256,
+                actual_pages: 32 * 256,
+                available_memory: Some(100 << 20),
+                ..Default::default()
+            }),
+            ApiRequest::GetBalloon => ApiResponse::ok(&densevm_api::Balloon {
+                amount_mib: 64,
+                deflate_on_oom: true,
+                stats_polling_interval_s: 1,
+            }),
+            ApiRequest::PutBalloon(_)
+            | ApiRequest::PatchBalloon(_)
+            | ApiRequest::PatchBalloonStats(_) => ApiResponse::no_content(),
             ApiRequest::CreateClones(c) => ApiResponse::ok(&CloneList {
                 clones: (0..c.count)
                     .map(|i| CloneInfo {
@@ -331,5 +347,82 @@ fn a_silent_or_trickling_client_does_not_wedge_the_api() {
         String::from_utf8_lossy(&out)
     );
     assert_eq!(ApiClient::new(&path).info().unwrap().id, "vm0");
+    handle.shutdown();
+}
+
+#[test]
+fn balloon_helpers_round_trip() {
+    let dir = tempfile::tempdir().unwrap();
+    let (handle, calls, path) = serve(dir.path(), Duration::from_secs(5));
+    let client = ApiClient::new(&path);
+    let balloon = densevm_api::Balloon {
+        amount_mib: 64,
+        deflate_on_oom: true,
+        stats_polling_interval_s: 1,
+    };
+    client.put_balloon(&balloon).unwrap();
+    client.set_balloon_target(96).unwrap();
+    assert_eq!(client.balloon().unwrap(), balloon);
+    let stats = client.balloon_stats().unwrap();
+    assert_eq!((stats.target_mib, stats.actual_mib), (64, 32));
+    assert_eq!(stats.available_memory, Some(100 << 20));
+    assert_eq!(stats.swap_in, None);
+    client.set_balloon_stats_interval(5).unwrap();
+    let calls = calls.lock().unwrap().clone();
+    assert_eq!(
+        calls,
+        vec![
+            ApiRequest::PutBalloon(balloon),
+            ApiRequest::PatchBalloon(densevm_api::BalloonUpdate { amount_mib: 96 }),
+            ApiRequest::GetBalloon,
+            ApiRequest::GetBalloonStats,
+            ApiRequest::PatchBalloonStats(densevm_api::BalloonStatsUpdate {
+                stats_polling_interval_s: 5
+            }),
+        ]
+    );
+    handle.shutdown();
+}
+
+#[test]
+fn a_router_of_its_own_serves_text_and_json_on_the_same_http_code() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("other.sock");
+    let server = ApiServer::bind(&path).unwrap();
+    let handle = server
+        .spawn_router(Box::new(|req: &densevm_api::http::HttpRequest| {
+            match (req.method.as_str(), req.path.as_str()) {
+                ("GET", "/metrics") => {
+                    ApiResponse::text("text/plain; version=0.0.4", "up 1\n".into())
+                }
+                ("POST", "/things") => ApiResponse::json(201, &serde_json::json!({"n": 1})),
+                _ => ApiResponse::error(404, "nothing here"),
+            }
+        }))
+        .unwrap();
+    let client = ApiClient::new(&path);
+    assert_eq!(
+        client.request("GET", "/metrics", None).unwrap(),
+        (200, b"up 1\n".to_vec())
+    );
+    let v: serde_json::Value = client.call("POST", "/things", Some("{}")).unwrap();
+    assert_eq!(v["n"], 1);
+    match client.checked("GET", "/x", None) {
+        Err(ClientError::Api {
+            status: 404,
+            message,
+        }) => assert_eq!(message, "nothing here"),
+        other => panic!("{other:?}"),
+    }
+    // The raw exchange carries the text content type.
+    let mut s = UnixStream::connect(&path).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    assert!(
+        out.contains("Content-Type: text/plain; version=0.0.4\r\n"),
+        "{out}"
+    );
     handle.shutdown();
 }

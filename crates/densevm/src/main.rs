@@ -32,6 +32,8 @@ enum Command {
     Vm(cmd::vm::VmArgs),
     /// Type into a VM's serial console (its --console-sock) and wait for its answer.
     Console(cmd::console::ConsoleArgs),
+    /// Run many VMs under one memory policy (serve), and its client verbs.
+    Fleet(cmd::fleet::FleetArgs),
 }
 
 static PROCESS_START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
@@ -58,6 +60,7 @@ fn main() {
         Command::Kernel(args) => cmd::kernel::main(args),
         Command::Vm(args) => cmd::vm::main(args),
         Command::Console(args) => cmd::console::main(args),
+        Command::Fleet(args) => cmd::fleet::main(args),
     };
     match result {
         Ok(code) => std::process::exit(code),

@@ -7,8 +7,7 @@ use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 use super::ApiResponse;
-use crate::http::{write_response, HttpError, RequestReader};
-use crate::request::{parse_route, ApiRequest};
+use crate::http::{write_response, write_response_typed, HttpError, HttpRequest, RequestReader};
 
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum Flow {
@@ -20,7 +19,7 @@ pub(super) fn serve_connection(
     stream: UnixStream,
     wake: BorrowedFd<'_>,
     idle: Duration,
-    handler: &mut dyn FnMut(ApiRequest) -> ApiResponse,
+    handler: &mut dyn FnMut(&HttpRequest) -> ApiResponse,
 ) -> Flow {
     // Blocking I/O; the deadline is enforced by poll, SO_RCVTIMEO/SO_SNDTIMEO back it up.
     let set = stream
@@ -58,13 +57,11 @@ pub(super) fn serve_connection(
             }
         };
         tracing::debug!(method = %req.method, path = %req.path, "api request");
-        let resp = match parse_route(&req.method, &req.path, &req.body) {
-            Ok(r) => handler(r),
-            Err(e) => e.into(),
-        };
-        if let Err(e) = write_response(
+        let resp = handler(&req);
+        if let Err(e) = write_response_typed(
             &mut &stream,
             resp.status,
+            resp.content_type,
             resp.body.as_deref(),
             req.keep_alive,
         ) {

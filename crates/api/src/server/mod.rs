@@ -16,7 +16,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::request::{ApiErrorResponse, ApiRequest};
+use crate::http::HttpRequest;
+use crate::request::{parse_route, ApiErrorResponse, ApiRequest};
 use crate::types::ApiError;
 
 mod conn;
@@ -31,13 +32,21 @@ pub const API_THREAD_STACK: usize = 128 * 1024;
 /// Serves the API requests: called on the `api` thread, one request at a time.
 pub type ApiHandler = Box<dyn FnMut(ApiRequest) -> ApiResponse + Send>;
 
-/// A response: status and an optional JSON body.
+/// Serves raw HTTP requests with its own route table (see [`ApiServer::spawn_router`]).
+pub type HttpHandler = Box<dyn FnMut(&HttpRequest) -> ApiResponse + Send>;
+
+/// The content type of JSON bodies.
+pub const JSON: &str = "application/json";
+
+/// A response: status and an optional body (JSON unless `content_type` says otherwise).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApiResponse {
     /// HTTP status.
     pub status: u16,
-    /// JSON body, if any.
+    /// The body, if any.
     pub body: Option<Vec<u8>>,
+    /// The body's `Content-Type`.
+    pub content_type: &'static str,
 }
 
 impl ApiResponse {
@@ -46,17 +55,33 @@ impl ApiResponse {
         Self {
             status: 204,
             body: None,
+            content_type: JSON,
         }
     }
 
     /// 200 with `value` as JSON (500 if it cannot be serialized).
     pub fn ok<T: Serialize + ?Sized>(value: &T) -> Self {
+        Self::json(200, value)
+    }
+
+    /// `status` with `value` as JSON (500 if it cannot be serialized).
+    pub fn json<T: Serialize + ?Sized>(status: u16, value: &T) -> Self {
         match serde_json::to_vec(value) {
             Ok(body) => Self {
-                status: 200,
+                status,
                 body: Some(body),
+                content_type: JSON,
             },
             Err(e) => Self::error(500, format!("cannot serialize the response: {e}")),
+        }
+    }
+
+    /// 200 with a body that is not JSON (e.g. Prometheus text), of this content type.
+    pub fn text(content_type: &'static str, body: String) -> Self {
+        Self {
+            status: 200,
+            body: Some(body.into_bytes()),
+            content_type,
         }
     }
 
@@ -68,6 +93,7 @@ impl ApiResponse {
         Self {
             status,
             body: Some(serde_json::to_vec(&err).unwrap_or_default()),
+            content_type: JSON,
         }
     }
 }
@@ -171,8 +197,21 @@ impl ApiServer {
         &self.path
     }
 
-    /// Serves the socket on a new thread named `api` until [`ApiServerHandle::shutdown`].
+    /// Serves the socket on a new thread named `api` until [`ApiServerHandle::shutdown`]:
+    /// each request is routed by [`parse_route`] and, if valid, handed to `handler`.
     pub fn spawn(self, mut handler: ApiHandler) -> io::Result<ApiServerHandle> {
+        self.spawn_router(Box::new(move |req: &HttpRequest| {
+            match parse_route(&req.method, &req.path, &req.body) {
+                Ok(r) => handler(r),
+                Err(e) => e.into(),
+            }
+        }))
+    }
+
+    /// As [`spawn`](Self::spawn), with the caller's own route table: `router` gets every
+    /// well-formed HTTP request (method, path with its query, body) and answers it. The
+    /// HTTP framing, limits, timeouts and shutdown are the same.
+    pub fn spawn_router(self, mut handler: HttpHandler) -> io::Result<ApiServerHandle> {
         // SAFETY: eventfd takes no pointers; the result is checked before use.
         let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
         if fd < 0 {
@@ -200,7 +239,7 @@ impl ApiServer {
     fn accept_loop(
         &self,
         wake: BorrowedFd<'_>,
-        handler: &mut dyn FnMut(ApiRequest) -> ApiResponse,
+        handler: &mut dyn FnMut(&HttpRequest) -> ApiResponse,
     ) {
         loop {
             match wait_readable(self.listener.as_fd(), wake, None) {

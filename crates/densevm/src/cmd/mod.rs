@@ -3,6 +3,7 @@
 pub mod clones;
 pub mod console;
 pub mod devices;
+pub mod fleet;
 pub mod image;
 pub mod kernel;
 pub mod ninep;

@@ -106,6 +106,17 @@ pub fn serve(
                     }
                 }
             }
+            // Parsed and typed so clients and the fleet daemon can be written against
+            // them; the balloon device (issue #12) is not wired in yet.
+            ApiRequest::PutBalloon(_)
+            | ApiRequest::PatchBalloon(_)
+            | ApiRequest::GetBalloon
+            | ApiRequest::GetBalloonStats
+            | ApiRequest::PatchBalloonStats(_) => ApiResponse::error(
+                400,
+                "no balloon device: this densevm build has no virtio-balloon yet, so the \
+                 /balloon routes cannot act (the fleet daemon leaves such VMs alone)",
+            ),
         }
     };
     Ok(server.spawn(Box::new(handler))?)

@@ -1,0 +1,402 @@
+//! `densevm fleet ...`: the host daemon (`serve`) and client verbs for its socket
+//! (docs/fleet.md).
+
+use crate::output::print_json;
+use anyhow::{bail, Context};
+use clap::{Args, Subcommand};
+use densevm_fleet::cgroup::{self, Cgroups};
+use densevm_fleet::host::ProcFs;
+use densevm_fleet::launcher::ProcessLauncher;
+use densevm_fleet::policy::{PolicyConfig, Priority};
+use densevm_fleet::registry::{Registry, RegistryConfig};
+use densevm_fleet::types::{CgroupInfo, VmCreate, VmInfo, VmPatch};
+use densevm_fleet::{Fleet, FleetClient};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+#[derive(Args, Debug)]
+pub struct FleetArgs {
+    #[command(subcommand)]
+    command: FleetCommand,
+}
+
+#[derive(Args, Debug)]
+struct Sock {
+    /// The fleet daemon's socket (`densevm fleet serve --sock PATH`).
+    #[arg(long, value_name = "PATH")]
+    sock: PathBuf,
+    /// Print the result as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum Class {
+    Low,
+    Normal,
+    High,
+}
+
+impl From<Class> for Priority {
+    fn from(c: Class) -> Self {
+        match c {
+            Class::Low => Priority::Low,
+            Class::Normal => Priority::Normal,
+            Class::High => Priority::High,
+        }
+    }
+}
+
+#[derive(Subcommand, Debug)]
+enum FleetCommand {
+    /// Run the daemon: VMs as `densevm run` processes, the memory policy every second, the
+    /// REST API on --sock. Stops on SIGTERM/SIGINT; its VMs keep running and a new daemon
+    /// with the same --state-dir adopts them.
+    Serve {
+        /// The API socket to serve.
+        #[arg(long, value_name = "PATH")]
+        sock: PathBuf,
+        /// Where VM sockets, consoles and records go.
+        #[arg(long, value_name = "DIR")]
+        state_dir: PathBuf,
+        /// Reclaim below this MemAvailable: a size (512M) or a share of MemTotal (10%).
+        #[arg(long, value_name = "SIZE|PCT", value_parser = parse_watermark)]
+        low_watermark: Option<Watermark>,
+        /// Give memory to short guests only above this MemAvailable (default 20%).
+        #[arg(long, value_name = "SIZE|PCT", value_parser = parse_watermark)]
+        high_watermark: Option<Watermark>,
+        /// Per-VM cgroup v2 memory.max: `auto` (the daemon's own cgroup, if it has a memory
+        /// controller), `off`, or a delegated cgroup directory.
+        #[arg(long, default_value = "auto", value_name = "auto|off|DIR")]
+        cgroup: String,
+        /// VMM overhead added to each VM's max for its memory.max, MiB.
+        #[arg(long, default_value_t = 64)]
+        cgroup_overhead_mib: u64,
+        /// Policy period, milliseconds.
+        #[arg(long, default_value_t = 1000)]
+        tick_ms: u64,
+        /// Seconds a delete waits after SIGTERM before SIGKILL.
+        #[arg(long, default_value_t = 5)]
+        grace_secs: u64,
+    },
+    /// Start a VM (POST /vms).
+    Create(Box<CreateArgs>),
+    /// List the VMs (GET /vms).
+    List(Sock),
+    /// Show one VM (GET /vms/ID).
+    Show {
+        #[command(flatten)]
+        sock: Sock,
+        /// The VM's id.
+        id: String,
+    },
+    /// Change a VM's class, bounds or balloon target (PATCH /vms/ID).
+    Set {
+        #[command(flatten)]
+        sock: Sock,
+        /// The VM's id.
+        id: String,
+        #[arg(long, value_enum)]
+        priority: Option<Class>,
+        /// Least guest memory (e.g. 128M).
+        #[arg(long, value_parser = parse_mib)]
+        min: Option<u64>,
+        /// Most guest memory.
+        #[arg(long, value_parser = parse_mib)]
+        max: Option<u64>,
+        /// Balloon target (memory taken from the guest).
+        #[arg(long, value_parser = parse_mib)]
+        balloon: Option<u64>,
+    },
+    /// Stop and forget a VM (DELETE /vms/ID): SIGTERM, then SIGKILL after the grace period.
+    Delete {
+        #[command(flatten)]
+        sock: Sock,
+        /// The VM's id.
+        id: String,
+    },
+    /// Print the Prometheus metrics (GET /metrics).
+    Metrics(Sock),
+}
+
+#[derive(Args, Debug)]
+struct CreateArgs {
+    #[command(flatten)]
+    sock: Sock,
+    /// The VM's id (default vm-N).
+    #[arg(long)]
+    id: Option<String>,
+    /// Guest memory (for --restore: the snapshot's RAM size).
+    #[arg(long, short = 'm', default_value = "256M", value_parser = parse_mib)]
+    memory: u64,
+    #[arg(long)]
+    cpus: Option<u32>,
+    #[arg(long, value_name = "FILE")]
+    kernel: Option<String>,
+    #[arg(long, value_name = "FILE")]
+    initrd: Option<String>,
+    #[arg(long)]
+    cmdline: Option<String>,
+    /// The probe guest with this script.
+    #[arg(long, value_name = "SCRIPT")]
+    probe: Option<String>,
+    /// Start from a snapshot directory.
+    #[arg(long, value_name = "DIR")]
+    restore: Option<String>,
+    /// As `densevm run --disk` (repeatable).
+    #[arg(long)]
+    disk: Vec<String>,
+    /// As `densevm run --share` (repeatable).
+    #[arg(long)]
+    share: Vec<String>,
+    #[arg(long)]
+    rng: bool,
+    #[arg(long, value_enum, default_value = "normal")]
+    priority: Class,
+    /// Least guest memory the policy leaves (default a quarter of --memory).
+    #[arg(long, value_parser = parse_mib)]
+    min: Option<u64>,
+    /// Most guest memory (default --memory).
+    #[arg(long, value_parser = parse_mib)]
+    max: Option<u64>,
+}
+
+/// A watermark: MiB, or a percentage of MemTotal.
+#[derive(Debug, Clone, Copy)]
+pub enum Watermark {
+    Mib(u64),
+    Percent(u64),
+}
+
+fn parse_watermark(text: &str) -> Result<Watermark, String> {
+    match text.strip_suffix('%') {
+        Some(p) => match p.trim().parse::<u64>() {
+            Ok(n) if (1..100).contains(&n) => Ok(Watermark::Percent(n)),
+            _ => Err(format!("{text}: a percentage is 1% to 99%")),
+        },
+        None => parse_mib(text).map(Watermark::Mib),
+    }
+}
+
+fn parse_mib(text: &str) -> Result<u64, String> {
+    let bytes = densevm_probe::parse_size(text).map_err(|e| format!("{e}; e.g. 256M or 1G"))?;
+    Ok(bytes >> 20)
+}
+
+fn resolve(w: Watermark, total_mib: u64) -> u64 {
+    match w {
+        Watermark::Mib(m) => m,
+        Watermark::Percent(p) => total_mib * p / 100,
+    }
+}
+
+fn abs(path: &Option<String>) -> anyhow::Result<Option<String>> {
+    path.as_ref()
+        .map(|p| Ok(std::path::absolute(p)?.display().to_string()))
+        .transpose()
+}
+
+fn print_vm(json: bool, vm: &VmInfo) -> anyhow::Result<i32> {
+    if json {
+        print_json(vm)?;
+    } else {
+        println!("{}", vm_line(vm));
+    }
+    Ok(0)
+}
+
+fn vm_line(v: &VmInfo) -> String {
+    let status = match &v.exit {
+        Some(how) => format!("exited ({how})"),
+        None => format!("pid {}", v.pid),
+    };
+    format!(
+        "{:<16} {:<7} {:<24} mem {} MiB [{}..{}] balloon {} MiB  rss {} MiB  pss {} MiB",
+        v.id,
+        v.priority.as_str(),
+        status,
+        v.memory_mib,
+        v.min_mib,
+        v.max_mib,
+        v.balloon_mib,
+        v.rss_kib >> 10,
+        v.pss_kib >> 10
+    )
+}
+
+pub fn main(args: FleetArgs) -> anyhow::Result<i32> {
+    match args.command {
+        FleetCommand::Serve {
+            sock,
+            state_dir,
+            low_watermark,
+            high_watermark,
+            cgroup,
+            cgroup_overhead_mib,
+            tick_ms,
+            grace_secs,
+        } => serve(ServeArgs {
+            sock,
+            state_dir,
+            low_watermark,
+            high_watermark,
+            cgroup,
+            overhead_mib: cgroup_overhead_mib,
+            tick: Duration::from_millis(tick_ms.max(10)),
+            grace: Duration::from_secs(grace_secs),
+        }),
+        FleetCommand::Create(c) => {
+            let spec = VmCreate {
+                id: c.id,
+                kernel: abs(&c.kernel)?,
+                initrd: abs(&c.initrd)?,
+                cmdline: c.cmdline,
+                probe: c.probe,
+                restore: abs(&c.restore)?,
+                memory_mib: c.memory,
+                vcpus: c.cpus,
+                disks: c.disk,
+                shares: c.share,
+                rng: c.rng,
+                priority: c.priority.into(),
+                min_mib: c.min,
+                max_mib: c.max,
+            };
+            let vm = FleetClient::new(&c.sock.sock).create(&spec)?;
+            print_vm(c.sock.json, &vm)
+        }
+        FleetCommand::List(s) => {
+            let vms = FleetClient::new(&s.sock).list()?;
+            if s.json {
+                print_json(&vms)?;
+            } else {
+                for v in &vms {
+                    println!("{}", vm_line(v));
+                }
+            }
+            Ok(0)
+        }
+        FleetCommand::Show { sock, id } => {
+            let vm = FleetClient::new(&sock.sock).get(&id)?;
+            if sock.json {
+                print_json(&vm)?;
+            } else {
+                println!("{}", serde_json::to_string_pretty(&vm)?);
+            }
+            Ok(0)
+        }
+        FleetCommand::Set {
+            sock,
+            id,
+            priority,
+            min,
+            max,
+            balloon,
+        } => {
+            let patch = VmPatch {
+                priority: priority.map(Into::into),
+                min_mib: min,
+                max_mib: max,
+                balloon_mib: balloon,
+            };
+            let vm = FleetClient::new(&sock.sock).patch(&id, &patch)?;
+            print_vm(sock.json, &vm)
+        }
+        FleetCommand::Delete { sock, id } => {
+            let vm = FleetClient::new(&sock.sock).delete(&id)?;
+            print_vm(sock.json, &vm)
+        }
+        FleetCommand::Metrics(s) => {
+            let text = FleetClient::new(&s.sock).metrics()?;
+            if s.json {
+                print_json(&serde_json::json!({ "metrics": text }))?;
+            } else {
+                print!("{text}");
+            }
+            Ok(0)
+        }
+    }
+}
+
+struct ServeArgs {
+    sock: PathBuf,
+    state_dir: PathBuf,
+    low_watermark: Option<Watermark>,
+    high_watermark: Option<Watermark>,
+    cgroup: String,
+    overhead_mib: u64,
+    tick: Duration,
+    grace: Duration,
+}
+
+/// The fleet's cgroup, or why there is none.
+fn cgroups(mode: &str) -> (Option<Cgroups>, Option<String>) {
+    let pid = std::process::id();
+    let result = match mode {
+        "off" => Err("disabled with --cgroup off".to_owned()),
+        "auto" => std::fs::read_to_string("/proc/self/cgroup")
+            .map_err(|e| format!("/proc/self/cgroup: {e}"))
+            .and_then(|own| cgroup::detect(Path::new("/sys/fs/cgroup"), &own))
+            .and_then(|base| Cgroups::set_up(&base, pid)),
+        dir => Cgroups::set_up(Path::new(dir), pid),
+    };
+    match result {
+        Ok(c) => (Some(c), None),
+        Err(why) => (None, Some(why)),
+    }
+}
+
+fn serve(a: ServeArgs) -> anyhow::Result<i32> {
+    let procfs = ProcFs::default();
+    let Some(host) = procfs.host() else {
+        bail!("cannot read /proc/meminfo: the fleet needs the host's MemAvailable");
+    };
+    let mut policy = PolicyConfig::for_host(host.mem_total_mib);
+    if let Some(w) = a.low_watermark {
+        policy.low_watermark_mib = resolve(w, host.mem_total_mib);
+    }
+    if let Some(w) = a.high_watermark {
+        policy.high_watermark_mib = resolve(w, host.mem_total_mib);
+    }
+    policy.check().map_err(anyhow::Error::msg)?;
+    std::fs::create_dir_all(&a.state_dir)
+        .with_context(|| format!("cannot create {}", a.state_dir.display()))?;
+    let state_dir = std::path::absolute(&a.state_dir)?;
+    let (cg, missing) = cgroups(&a.cgroup);
+    let info = CgroupInfo {
+        enabled: cg.is_some(),
+        parent: cg.as_ref().map(|c| c.parent().display().to_string()),
+        missing,
+        overhead_mib: a.overhead_mib,
+    };
+    let mut registry = Registry::new(
+        RegistryConfig {
+            state_dir,
+            overhead_mib: a.overhead_mib,
+            grace: a.grace,
+        },
+        Box::new(ProcessLauncher::new(std::env::current_exe()?)),
+        cg,
+    );
+    let adopted = registry.adopt(&procfs);
+    if adopted > 0 {
+        eprintln!("densevm fleet: adopted {adopted} VM records from an earlier daemon");
+    }
+    let fleet = Fleet::new(registry, policy.clone(), info.clone(), procfs);
+    eprintln!(
+        "densevm fleet: serving {} (low watermark {} MiB, high {} MiB, cgroup memory.max: {})",
+        a.sock.display(),
+        policy.low_watermark_mib,
+        policy.high_watermark_mib,
+        match (&info.parent, &info.missing) {
+            (Some(p), _) => format!("under {p}"),
+            (None, Some(why)) => format!("MISSING, no hard stop ({why})"),
+            (None, None) => "missing".into(),
+        }
+    );
+    let stop = densevm_fleet::daemon::stop_on_signals();
+    fleet
+        .serve(&a.sock, a.tick, stop)
+        .map_err(anyhow::Error::msg)?;
+    Ok(0)
+}

@@ -1,0 +1,266 @@
+//! Starting VMs: a [`Launcher`] makes a [`VmProcess`] from a [`LaunchPlan`]. The real
+//! one ([`ProcessLauncher`]) runs `densevm run ... --api-sock` as a child process in its
+//! own process group (and cgroup); tests use fakes, so the registry and the API are
+//! tested without /dev/kvm.
+
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use densevm_api::{ApiClient, BalloonStats};
+
+use crate::cgroup::VmCgroup;
+
+/// Everything needed to start one VM.
+#[derive(Debug, Clone)]
+pub struct LaunchPlan {
+    /// The VM's id.
+    pub id: String,
+    /// Arguments after `densevm run` (including `--api-sock`, `--console-sock`, `--id`).
+    pub run_args: Vec<String>,
+    /// The VM's API socket.
+    pub api_sock: PathBuf,
+    /// Where its console output (and the VMM's stderr) goes.
+    pub console: PathBuf,
+    /// The cgroup it starts in, if any.
+    pub cgroup: Option<VmCgroup>,
+}
+
+/// Talks to a running VM (its API socket, for the real ones).
+pub trait VmControl: Send + Sync {
+    /// The balloon's statistics (`GET /balloon/statistics`).
+    fn balloon_stats(&self) -> Result<BalloonStats, String>;
+    /// A new balloon target (`PATCH /balloon`).
+    fn set_balloon(&self, amount_mib: u32) -> Result<(), String>;
+    /// Asks the guest to shut down; `Ok(false)` when the VM has no way to be asked.
+    fn shutdown(&self) -> Result<bool, String>;
+}
+
+/// A started VM process.
+pub trait VmProcess: Send {
+    /// Its process id.
+    fn pid(&self) -> u32;
+    /// How it ended, once it has (reaps it).
+    fn try_wait(&mut self) -> Result<Option<String>, String>;
+    /// Sends `signal` to its process group.
+    fn signal(&mut self, signal: i32) -> Result<(), String>;
+    /// Its control channel.
+    fn control(&self) -> Arc<dyn VmControl>;
+}
+
+/// Starts VMs.
+pub trait Launcher: Send {
+    /// Starts one and returns once it serves its API (or fails, saying why).
+    fn launch(&mut self, plan: &LaunchPlan) -> Result<Box<dyn VmProcess>, String>;
+}
+
+/// A VM's API socket as its [`VmControl`].
+#[derive(Debug, Clone)]
+pub struct ApiControl {
+    client: ApiClient,
+}
+
+impl ApiControl {
+    /// The VM whose socket is at `path`; each call waits at most 2 s.
+    pub fn new(path: &Path) -> Self {
+        Self {
+            client: ApiClient::new(path).with_timeout(Duration::from_secs(2)),
+        }
+    }
+}
+
+impl VmControl for ApiControl {
+    fn balloon_stats(&self) -> Result<BalloonStats, String> {
+        self.client.balloon_stats().map_err(|e| e.to_string())
+    }
+
+    fn set_balloon(&self, amount_mib: u32) -> Result<(), String> {
+        self.client
+            .set_balloon_target(amount_mib)
+            .map_err(|e| e.to_string())
+    }
+
+    fn shutdown(&self) -> Result<bool, String> {
+        // The per-VM API has no shutdown call yet (Firecracker's would be PUT /actions
+        // {"action_type": "SendCtrlAltDel"}): the caller goes on to SIGTERM.
+        Ok(false)
+    }
+}
+
+/// How a process ended, in words.
+pub fn describe_exit(status: ExitStatus) -> String {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exit code {code}"),
+        (None, Some(sig)) => format!("killed by signal {sig}{}", signal_name(sig)),
+        _ => status.to_string(),
+    }
+}
+
+fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        libc::SIGKILL => " (SIGKILL: the OOM killer, or a delete)",
+        libc::SIGTERM => " (SIGTERM)",
+        libc::SIGSEGV => " (SIGSEGV)",
+        libc::SIGABRT => " (SIGABRT)",
+        _ => "",
+    }
+}
+
+/// Sends `signal` to process group `pid` (a VM's group is its own pid).
+pub fn signal_group(pid: u32, signal: i32) -> Result<(), String> {
+    let pgid = i32::try_from(pid).map_err(|_| format!("pid {pid} out of range"))?;
+    // SAFETY: kill takes no pointers; a negative pid names the process group.
+    if unsafe { libc::kill(-pgid, signal) } < 0 {
+        return Err(std::io::Error::last_os_error().to_string());
+    }
+    Ok(())
+}
+
+/// Runs `densevm run` processes.
+#[derive(Debug, Clone)]
+pub struct ProcessLauncher {
+    densevm: PathBuf,
+    ready_timeout: Duration,
+}
+
+impl ProcessLauncher {
+    /// Runs the densevm binary at `densevm`; a VM must serve its API within 30 s.
+    pub fn new(densevm: impl Into<PathBuf>) -> Self {
+        Self {
+            densevm: densevm.into(),
+            ready_timeout: Duration::from_secs(30),
+        }
+    }
+
+    /// How long a VM may take to serve its API.
+    pub fn with_ready_timeout(mut self, timeout: Duration) -> Self {
+        self.ready_timeout = timeout;
+        self
+    }
+}
+
+/// A `densevm run` child.
+pub struct ChildVm {
+    child: Child,
+    control: Arc<ApiControl>,
+}
+
+impl VmProcess for ChildVm {
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn try_wait(&mut self) -> Result<Option<String>, String> {
+        self.child
+            .try_wait()
+            .map(|s| s.map(describe_exit))
+            .map_err(|e| e.to_string())
+    }
+
+    fn signal(&mut self, signal: i32) -> Result<(), String> {
+        signal_group(self.child.id(), signal)
+    }
+
+    fn control(&self) -> Arc<dyn VmControl> {
+        self.control.clone()
+    }
+}
+
+impl Launcher for ProcessLauncher {
+    fn launch(&mut self, plan: &LaunchPlan) -> Result<Box<dyn VmProcess>, String> {
+        let out = File::create(&plan.console)
+            .map_err(|e| format!("cannot create {}: {e}", plan.console.display()))?;
+        let err = out.try_clone().map_err(|e| e.to_string())?;
+        let mut cmd = Command::new(&self.densevm);
+        cmd.arg("run")
+            .args(&plan.run_args)
+            // Its own process group: signals to the daemon's group spare the VMs, and the
+            // daemon can restart without taking them down.
+            .process_group(0)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err);
+        let procs = plan
+            .cgroup
+            .as_ref()
+            .map(VmCgroup::procs_for_join)
+            .transpose()?;
+        if let Some(procs) = &procs {
+            let fd = procs.as_raw_fd();
+            // SAFETY: the closure runs in the forked child before exec and only calls
+            // write(2), which is async-signal-safe, on a descriptor the parent keeps open
+            // until spawn returns. Writing "0" to cgroup.procs moves the writer (the child)
+            // into the cgroup, so the VMM's every allocation is charged there.
+            unsafe {
+                cmd.pre_exec(move || {
+                    if libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let child = cmd.spawn().map_err(|e| {
+            format!(
+                "cannot start {} run (for VM {}): {e}",
+                self.densevm.display(),
+                plan.id
+            )
+        })?;
+        drop(procs);
+        let mut vm = ChildVm {
+            child,
+            control: Arc::new(ApiControl::new(&plan.api_sock)),
+        };
+        if let Err(e) = wait_ready(&mut vm, plan, self.ready_timeout) {
+            let _ = vm.signal(libc::SIGKILL);
+            let _ = vm.child.wait();
+            return Err(e);
+        }
+        Ok(Box::new(vm))
+    }
+}
+
+/// Waits until the VM answers `GET /` on its socket.
+fn wait_ready(vm: &mut ChildVm, plan: &LaunchPlan, timeout: Duration) -> Result<(), String> {
+    let client = ApiClient::new(&plan.api_sock).with_timeout(Duration::from_secs(1));
+    let deadline = Instant::now() + timeout;
+    loop {
+        if client.info().is_ok() {
+            return Ok(());
+        }
+        if let Some(how) = vm.try_wait()? {
+            return Err(format!(
+                "VM {} ended before serving its API ({how}): {}",
+                plan.id,
+                console_tail(&plan.console)
+            ));
+        }
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "VM {} did not serve its API within {} s: {}",
+                plan.id,
+                timeout.as_secs(),
+                console_tail(&plan.console)
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The last lines of a console file, for an error message.
+pub fn console_tail(path: &Path) -> String {
+    let text = std::fs::read(path).unwrap_or_default();
+    let start = text.len().saturating_sub(600);
+    let tail = String::from_utf8_lossy(&text[start..]);
+    let tail = tail.trim();
+    if tail.is_empty() {
+        format!("{} is empty", path.display())
+    } else {
+        format!("the end of {}: {tail}", path.display())
+    }
+}

@@ -1,0 +1,664 @@
+//! The VM registry: create, list, inspect, change and delete VMs, each a process started
+//! by a [`Launcher`] with its sockets, console and record under `STATE/vms/ID/`.
+//! Exited processes are reaped and kept (with how they ended) until deleted. Each VM's
+//! record (`vm.json`) lets a restarted daemon adopt the VMs an earlier one started.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use densevm_api::request::ApiErrorResponse;
+use serde::{Deserialize, Serialize};
+
+use crate::cgroup::{Cgroups, VmCgroup};
+use crate::host::ProcFs;
+use crate::launcher::{signal_group, ApiControl, LaunchPlan, Launcher, VmControl, VmProcess};
+use crate::policy::Priority;
+use crate::types::{GuestMemory, VmCreate, VmInfo, VmPatch, VmStatus};
+
+/// Longest unix socket path (sun_path holds 108 bytes with the NUL).
+const MAX_SOCKET_PATH: usize = 107;
+
+/// What the registry is set up with.
+#[derive(Debug, Clone)]
+pub struct RegistryConfig {
+    /// Where VM directories go (`STATE/vms/ID`).
+    pub state_dir: PathBuf,
+    /// Added to a VM's max memory for its cgroup's `memory.max`.
+    pub overhead_mib: u64,
+    /// How long a delete waits after SIGTERM before SIGKILL.
+    pub grace: Duration,
+}
+
+/// What the daemon last measured of a VM.
+#[derive(Debug, Clone, Default)]
+pub struct Measured {
+    /// VMM RSS, KiB.
+    pub rss_kib: u64,
+    /// VMM PSS, KiB.
+    pub pss_kib: u64,
+    /// CPU over the last tick, percent of one CPU.
+    pub cpu_pct: Option<f64>,
+    /// Guest statistics, MiB.
+    pub guest: Option<GuestMemory>,
+    /// Why the balloon cannot be read or set.
+    pub balloon_error: Option<String>,
+}
+
+/// The record kept in `vm.json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Record {
+    spec: VmCreate,
+    pid: u32,
+    priority: Priority,
+    min_mib: u64,
+    max_mib: u64,
+    balloon_mib: u64,
+}
+
+/// One VM.
+pub struct Vm {
+    /// Its id.
+    pub id: String,
+    spec: VmCreate,
+    /// Priority class.
+    pub priority: Priority,
+    /// Guest RAM.
+    pub memory_mib: u64,
+    /// Least guest memory.
+    pub min_mib: u64,
+    /// Most guest memory.
+    pub max_mib: u64,
+    /// Balloon target last set (or to set: see `pending`).
+    pub balloon_mib: u64,
+    /// The balloon target still has to reach the VM.
+    pub pending: bool,
+    process: Box<dyn VmProcess>,
+    /// How its process ended.
+    pub exit: Option<String>,
+    dir: PathBuf,
+    cgroup: Option<VmCgroup>,
+    /// The last tick's measurements.
+    pub measured: Measured,
+}
+
+impl Vm {
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
+    }
+
+    /// Its control channel.
+    pub fn control(&self) -> Arc<dyn VmControl> {
+        self.process.control()
+    }
+
+    /// Its cgroup.
+    pub fn cgroup(&self) -> Option<&VmCgroup> {
+        self.cgroup.as_ref()
+    }
+
+    /// The VM as the API shows it.
+    pub fn info(&self) -> VmInfo {
+        VmInfo {
+            id: self.id.clone(),
+            status: if self.exit.is_some() {
+                VmStatus::Exited
+            } else {
+                VmStatus::Running
+            },
+            exit: self.exit.clone(),
+            pid: self.pid(),
+            priority: self.priority,
+            memory_mib: self.memory_mib,
+            min_mib: self.min_mib,
+            max_mib: self.max_mib,
+            balloon_mib: self.balloon_mib,
+            api_sock: self.dir.join("api.sock").display().to_string(),
+            console: self.dir.join("console.log").display().to_string(),
+            console_sock: self.dir.join("console.sock").display().to_string(),
+            cgroup: self.cgroup.as_ref().map(|c| c.dir().display().to_string()),
+            rss_kib: self.measured.rss_kib,
+            pss_kib: self.measured.pss_kib,
+            cpu_pct: self.measured.cpu_pct,
+            guest: self.measured.guest,
+            balloon_error: self.measured.balloon_error.clone(),
+            spec: self.spec.clone(),
+        }
+    }
+
+    fn record(&self) -> Record {
+        Record {
+            spec: self.spec.clone(),
+            pid: self.pid(),
+            priority: self.priority,
+            min_mib: self.min_mib,
+            max_mib: self.max_mib,
+            balloon_mib: self.balloon_mib,
+        }
+    }
+
+    fn save(&self) {
+        let path = self.dir.join("vm.json");
+        let text = serde_json::to_vec_pretty(&self.record()).unwrap_or_default();
+        let tmp = self.dir.join("vm.json.tmp");
+        if let Err(e) = std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, &path)) {
+            tracing::warn!(vm = %self.id, "cannot write {}: {e}", path.display());
+        }
+    }
+}
+
+/// Every VM of the fleet.
+pub struct Registry {
+    cfg: RegistryConfig,
+    launcher: Box<dyn Launcher>,
+    cgroups: Option<Cgroups>,
+    vms: BTreeMap<String, Vm>,
+    next: u64,
+    /// VM processes that ended (counted once each).
+    pub exits_total: u64,
+}
+
+fn bad(msg: impl Into<String>) -> ApiErrorResponse {
+    ApiErrorResponse::bad_request(msg)
+}
+
+fn not_found(id: &str) -> ApiErrorResponse {
+    ApiErrorResponse::new(
+        404,
+        format!(
+            "no VM {}: GET /vms lists them",
+            densevm_api::request::quote(id)
+        ),
+    )
+}
+
+/// Whether `id` may name a VM: 1–64 of letters, digits, `.`, `_`, `-`, not starting with `.`.
+pub fn valid_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 64
+        && !id.starts_with('.')
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// The `densevm run` arguments for a VM (sockets and id included).
+pub fn run_args(spec: &VmCreate, id: &str, dir: &Path) -> Vec<String> {
+    let mut a = Vec::new();
+    let mut push = |k: &str, v: &str| {
+        a.push(k.to_owned());
+        a.push(v.to_owned());
+    };
+    if let Some(r) = &spec.restore {
+        push("--restore", r);
+    } else {
+        push("--memory", &format!("{}M", spec.memory_mib));
+        push("--cpus", &spec.vcpus.unwrap_or(1).to_string());
+        if let Some(k) = &spec.kernel {
+            push("--kernel", k);
+        }
+        if let Some(i) = &spec.initrd {
+            push("--initrd", i);
+        }
+        if let Some(c) = &spec.cmdline {
+            push("--cmdline", c);
+        }
+        if let Some(p) = &spec.probe {
+            push("--probe", p);
+        }
+        for d in &spec.disks {
+            push("--disk", d);
+        }
+        for s in &spec.shares {
+            push("--share", s);
+        }
+    }
+    push("--api-sock", &dir.join("api.sock").display().to_string());
+    push(
+        "--console-sock",
+        &dir.join("console.sock").display().to_string(),
+    );
+    push("--id", id);
+    if spec.rng && spec.restore.is_none() {
+        a.push("--rng".into());
+    }
+    a
+}
+
+/// Checks a create request: what to run, sizes and bounds. Returns (min, max).
+fn check_create(spec: &VmCreate) -> Result<(u64, u64), ApiErrorResponse> {
+    let sources = [&spec.kernel, &spec.probe, &spec.restore]
+        .iter()
+        .filter(|s| s.is_some())
+        .count();
+    if sources != 1 {
+        return Err(bad(
+            "give exactly one of kernel (a Linux guest), probe (the probe guest's script) or \
+             restore (a snapshot directory)",
+        ));
+    }
+    if spec.kernel.is_none() && (spec.initrd.is_some() || spec.cmdline.is_some()) {
+        return Err(bad("initrd and cmdline go with kernel"));
+    }
+    if spec.kernel.is_none() && (!spec.disks.is_empty() || !spec.shares.is_empty() || spec.rng) {
+        return Err(bad(
+            "disks, shares and rng are devices of a Linux guest (kernel); a restored VM \
+             reopens the devices its snapshot names",
+        ));
+    }
+    if spec.memory_mib == 0 || spec.memory_mib > 1 << 20 {
+        return Err(bad(format!(
+            "memory_mib {} is out of range: 1 to 1048576 (for a restore, the snapshot's RAM)",
+            spec.memory_mib
+        )));
+    }
+    if spec.vcpus.is_some_and(|n| n == 0 || n > 254) {
+        return Err(bad("vcpus must be 1 to 254"));
+    }
+    let strings = [
+        &spec.kernel,
+        &spec.initrd,
+        &spec.cmdline,
+        &spec.probe,
+        &spec.restore,
+    ];
+    let all = strings
+        .into_iter()
+        .flatten()
+        .chain(&spec.disks)
+        .chain(&spec.shares);
+    if all.clone().any(|s| s.contains('\0')) {
+        return Err(bad("strings may not contain NUL bytes"));
+    }
+    let max = spec.max_mib.unwrap_or(spec.memory_mib);
+    let min = spec
+        .min_mib
+        .unwrap_or((spec.memory_mib / 4).max(1).min(max));
+    check_bounds(spec.memory_mib, min, max)?;
+    Ok((min, max))
+}
+
+fn check_bounds(memory: u64, min: u64, max: u64) -> Result<(), ApiErrorResponse> {
+    if max > memory {
+        return Err(bad(format!(
+            "max_mib {max} is above the VM's memory ({memory} MiB): a balloon can only take \
+             memory away"
+        )));
+    }
+    if min > max {
+        return Err(bad(format!("min_mib {min} is above max_mib {max}")));
+    }
+    Ok(())
+}
+
+impl Registry {
+    /// An empty registry; `cgroups` is the fleet's cgroup when it has a memory controller.
+    pub fn new(cfg: RegistryConfig, launcher: Box<dyn Launcher>, cgroups: Option<Cgroups>) -> Self {
+        Self {
+            cfg,
+            launcher,
+            cgroups,
+            vms: BTreeMap::new(),
+            next: 0,
+            exits_total: 0,
+        }
+    }
+
+    /// The fleet's cgroup, if any.
+    pub fn cgroups(&self) -> Option<&Cgroups> {
+        self.cgroups.as_ref()
+    }
+
+    /// The setup.
+    pub fn config(&self) -> &RegistryConfig {
+        &self.cfg
+    }
+
+    fn vm_dir(&self, id: &str) -> PathBuf {
+        self.cfg.state_dir.join("vms").join(id)
+    }
+
+    /// Starts a VM. 400 for a bad request, 409 for an id in use, 500 if it cannot start.
+    pub fn create(&mut self, spec: VmCreate) -> Result<VmInfo, ApiErrorResponse> {
+        let (min, max) = check_create(&spec)?;
+        let id = match &spec.id {
+            Some(id) if !valid_id(id) => {
+                return Err(bad(format!(
+                    "id {} is not valid: 1 to 64 letters, digits, '.', '_' or '-', not \
+                     starting with '.'",
+                    densevm_api::request::quote(id)
+                )))
+            }
+            Some(id) => id.clone(),
+            None => loop {
+                let id = format!("vm-{}", self.next);
+                self.next += 1;
+                if !self.vms.contains_key(&id) && !self.vm_dir(&id).exists() {
+                    break id;
+                }
+            },
+        };
+        if self.vms.contains_key(&id) {
+            return Err(ApiErrorResponse::new(
+                409,
+                format!("VM {id} exists already"),
+            ));
+        }
+        let dir = self.vm_dir(&id);
+        let longest = dir.join("console.sock").display().to_string().len();
+        if longest > MAX_SOCKET_PATH {
+            return Err(bad(format!(
+                "the VM's socket paths under {} would be {longest} bytes, over the {} a unix \
+                 socket takes: use a shorter --state-dir or id",
+                dir.display(),
+                MAX_SOCKET_PATH
+            )));
+        }
+        std::fs::create_dir_all(&dir).map_err(|e| {
+            ApiErrorResponse::new(500, format!("cannot create {}: {e}", dir.display()))
+        })?;
+        let cgroup = match &self.cgroups {
+            Some(cg) => Some(
+                cg.create_vm(&id, (max + self.cfg.overhead_mib) << 20)
+                    .map_err(|e| ApiErrorResponse::new(500, e))?,
+            ),
+            None => None,
+        };
+        let plan = LaunchPlan {
+            id: id.clone(),
+            run_args: run_args(&spec, &id, &dir),
+            api_sock: dir.join("api.sock"),
+            console: dir.join("console.log"),
+            cgroup: cgroup.clone(),
+        };
+        let process = match self.launcher.launch(&plan) {
+            Ok(p) => p,
+            Err(e) => {
+                if let Some(cg) = &cgroup {
+                    cg.remove();
+                }
+                return Err(ApiErrorResponse::new(500, e));
+            }
+        };
+        let vm = Vm {
+            id: id.clone(),
+            priority: spec.priority,
+            memory_mib: spec.memory_mib,
+            min_mib: min,
+            max_mib: max,
+            balloon_mib: spec.memory_mib - max,
+            pending: spec.memory_mib > max,
+            spec,
+            process,
+            exit: None,
+            dir,
+            cgroup,
+            measured: Measured::default(),
+        };
+        vm.save();
+        tracing::info!(vm = %id, pid = vm.pid(), "VM started");
+        let info = vm.info();
+        self.vms.insert(id, vm);
+        Ok(info)
+    }
+
+    /// Every VM, by id.
+    pub fn list(&mut self) -> Vec<VmInfo> {
+        self.reap();
+        self.vms.values().map(Vm::info).collect()
+    }
+
+    /// One VM.
+    pub fn get(&mut self, id: &str) -> Result<VmInfo, ApiErrorResponse> {
+        self.reap();
+        self.vms.get(id).map(Vm::info).ok_or_else(|| not_found(id))
+    }
+
+    /// The VMs, for the tick loop.
+    pub fn vms(&self) -> impl Iterator<Item = &Vm> {
+        self.vms.values()
+    }
+
+    /// One VM, for the tick loop.
+    pub fn vm_mut(&mut self, id: &str) -> Option<&mut Vm> {
+        self.vms.get_mut(id)
+    }
+
+    /// Changes a VM's class, bounds or balloon target. A new target is sent to the VM at
+    /// once (its error, if any, is the answer); bounds that leave the current target out
+    /// move it in (sent on the next tick); a new max sets the cgroup's `memory.max`.
+    pub fn patch(&mut self, id: &str, patch: VmPatch) -> Result<VmInfo, ApiErrorResponse> {
+        self.reap();
+        let overhead = self.cfg.overhead_mib;
+        let vm = self.vms.get_mut(id).ok_or_else(|| not_found(id))?;
+        if vm.exit.is_some() {
+            return Err(ApiErrorResponse::new(
+                409,
+                format!(
+                    "VM {id} has exited ({}); delete it",
+                    vm.exit.as_deref().unwrap_or("")
+                ),
+            ));
+        }
+        let min = patch.min_mib.unwrap_or(vm.min_mib);
+        let max = patch.max_mib.unwrap_or(vm.max_mib);
+        check_bounds(vm.memory_mib, min, max)?;
+        if let Some(b) = patch.balloon_mib {
+            let left = vm.memory_mib.checked_sub(b);
+            if left.is_none_or(|l| l < min || l > max) {
+                return Err(bad(format!(
+                    "impossible balloon target {b} MiB: VM {id} has {} MiB of RAM and must keep \
+                     {min} to {max} MiB, so its balloon must be {} to {} MiB",
+                    vm.memory_mib,
+                    vm.memory_mib - max,
+                    vm.memory_mib - min
+                )));
+            }
+            let amount = u32::try_from(b).map_err(|_| bad("balloon_mib too large"))?;
+            vm.process.control().set_balloon(amount).map_err(|e| {
+                ApiErrorResponse::new(409, format!("VM {id} cannot set its balloon: {e}"))
+            })?;
+            vm.balloon_mib = b;
+            vm.pending = false;
+        }
+        if let Some(p) = patch.priority {
+            vm.priority = p;
+        }
+        if patch.max_mib.is_some_and(|m| m != vm.max_mib) {
+            if let Some(cg) = &vm.cgroup {
+                cg.set_max((max + overhead) << 20)
+                    .map_err(|e| ApiErrorResponse::new(500, e))?;
+            }
+        }
+        vm.min_mib = min;
+        vm.max_mib = max;
+        let clamped = vm
+            .balloon_mib
+            .clamp(vm.memory_mib - max, vm.memory_mib - min);
+        if clamped != vm.balloon_mib {
+            vm.balloon_mib = clamped;
+            vm.pending = true;
+        }
+        vm.save();
+        Ok(vm.info())
+    }
+
+    /// Stops and forgets a VM: its API's shutdown (where there is one), SIGTERM, after the
+    /// grace period SIGKILL; then its cgroup and directory go.
+    pub fn delete(&mut self, id: &str) -> Result<VmInfo, ApiErrorResponse> {
+        self.reap();
+        let mut vm = self.vms.remove(id).ok_or_else(|| not_found(id))?;
+        if vm.exit.is_none() {
+            let grace = self.cfg.grace;
+            let asked = match vm.process.control().shutdown() {
+                Ok(asked) => asked,
+                Err(e) => {
+                    tracing::debug!(vm = %id, "shutdown through the API failed: {e}");
+                    false
+                }
+            };
+            let mut how = if asked {
+                wait_exit(&mut vm, grace)
+            } else {
+                None
+            };
+            for sig in [libc::SIGTERM, libc::SIGKILL] {
+                if how.is_some() {
+                    break;
+                }
+                if let Err(e) = vm.process.signal(sig) {
+                    tracing::debug!(vm = %id, "signal {sig}: {e}");
+                }
+                how = wait_exit(&mut vm, grace);
+            }
+            match how {
+                Some(how) => vm.exit = Some(how),
+                None => {
+                    // Still there after SIGKILL: keep it listed rather than lose it.
+                    let msg = format!("VM {id} (pid {}) did not end after SIGKILL", vm.pid());
+                    self.vms.insert(id.to_owned(), vm);
+                    return Err(ApiErrorResponse::new(500, msg));
+                }
+            }
+        }
+        if let Some(cg) = &vm.cgroup {
+            cg.remove();
+        }
+        if let Err(e) = std::fs::remove_dir_all(&vm.dir) {
+            tracing::warn!(vm = %id, "cannot remove {}: {e}", vm.dir.display());
+        }
+        tracing::info!(vm = %id, exit = ?vm.exit, "VM deleted");
+        Ok(vm.info())
+    }
+
+    /// Reaps VM processes that ended; returns (id, how) for each newly ended one.
+    pub fn reap(&mut self) -> Vec<(String, String)> {
+        let mut ended = Vec::new();
+        for vm in self.vms.values_mut().filter(|v| v.exit.is_none()) {
+            match vm.process.try_wait() {
+                Ok(Some(how)) => {
+                    tracing::warn!(vm = %vm.id, pid = vm.pid(), "VM process ended: {how}");
+                    vm.exit = Some(how.clone());
+                    ended.push((vm.id.clone(), how));
+                }
+                Ok(None) => {}
+                Err(e) => tracing::warn!(vm = %vm.id, "cannot wait for the VM process: {e}"),
+            }
+        }
+        self.exits_total += ended.len() as u64;
+        ended
+    }
+
+    /// Adopts the VMs an earlier daemon started (their `vm.json` records): those still
+    /// running come back under management; the others are listed as exited.
+    pub fn adopt(&mut self, procfs: &ProcFs) -> usize {
+        let Ok(entries) = std::fs::read_dir(self.cfg.state_dir.join("vms")) else {
+            return 0;
+        };
+        let mut n = 0;
+        for e in entries.flatten() {
+            let dir = e.path();
+            let id = e.file_name().to_string_lossy().into_owned();
+            let Ok(text) = std::fs::read(dir.join("vm.json")) else {
+                continue;
+            };
+            let Ok(rec) = serde_json::from_slice::<Record>(&text) else {
+                tracing::warn!("{}: not a VM record", dir.join("vm.json").display());
+                continue;
+            };
+            if !valid_id(&id) || self.vms.contains_key(&id) {
+                continue;
+            }
+            let api_sock = dir.join("api.sock");
+            let adopted = Adopted {
+                pid: rec.pid,
+                marker: api_sock.display().to_string(),
+                procfs: procfs.clone(),
+                control: Arc::new(ApiControl::new(&api_sock)),
+            };
+            let exit = (!adopted.alive())
+                .then(|| "ended while no fleet daemon was running (exit status unknown)".into());
+            let cgroup = self.cgroups.as_ref().and_then(|c| {
+                let d = c.parent().join(format!("vm-{id}"));
+                d.exists()
+                    .then(|| c.create_vm(&id, (rec.max_mib + self.cfg.overhead_mib) << 20))
+            });
+            let vm = Vm {
+                id: id.clone(),
+                priority: rec.priority,
+                memory_mib: rec.spec.memory_mib,
+                min_mib: rec.min_mib,
+                max_mib: rec.max_mib,
+                balloon_mib: rec.balloon_mib,
+                pending: false,
+                spec: rec.spec,
+                process: Box::new(adopted),
+                exit,
+                dir,
+                cgroup: cgroup.and_then(Result::ok),
+                measured: Measured::default(),
+            };
+            tracing::info!(vm = %id, pid = rec.pid, exited = vm.exit.is_some(), "adopted");
+            self.vms.insert(id, vm);
+            n += 1;
+        }
+        n
+    }
+}
+
+fn wait_exit(vm: &mut Vm, grace: Duration) -> Option<String> {
+    let deadline = Instant::now() + grace;
+    loop {
+        match vm.process.try_wait() {
+            Ok(Some(how)) => return Some(how),
+            Ok(None) => {}
+            Err(e) => return Some(format!("gone ({e})")),
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A VM process started by an earlier daemon: not this one's child, so it is watched
+/// through `/proc` (its command line must still name its API socket) instead of waited for.
+struct Adopted {
+    pid: u32,
+    marker: String,
+    procfs: ProcFs,
+    control: Arc<ApiControl>,
+}
+
+impl Adopted {
+    fn alive(&self) -> bool {
+        self.procfs
+            .cmdline(self.pid)
+            .is_some_and(|args| args.contains(&self.marker))
+            && self.procfs.process(self.pid).is_some()
+    }
+}
+
+impl VmProcess for Adopted {
+    fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    fn try_wait(&mut self) -> Result<Option<String>, String> {
+        Ok((!self.alive())
+            .then(|| "ended (exit status unknown: an earlier daemon started it)".into()))
+    }
+
+    fn signal(&mut self, signal: i32) -> Result<(), String> {
+        if !self.alive() {
+            return Ok(());
+        }
+        signal_group(self.pid, signal)
+    }
+
+    fn control(&self) -> Arc<dyn VmControl> {
+        self.control.clone()
+    }
+}

@@ -1,0 +1,189 @@
+//! The fleet API's JSON bodies. Request bodies reject unknown fields (a typo is a 400
+//! naming it).
+
+use serde::{Deserialize, Serialize};
+
+use crate::policy::{HostMode, HostSample, PolicyConfig, Priority};
+
+/// `POST /vms`: a VM to start, booted from a kernel (or the probe guest) or restored from
+/// a snapshot directory. Device strings are `densevm run`'s `--disk` and `--share` values.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VmCreate {
+    /// The VM's id (letters, digits, `.`, `_`, `-`; at most 64); default `vm-N`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// A Linux kernel (`--kernel`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<String>,
+    /// Its initrd (`--initrd`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initrd: Option<String>,
+    /// Its command line (`--cmdline`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cmdline: Option<String>,
+    /// The probe guest with this script (`--probe`), instead of a kernel.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe: Option<String>,
+    /// Start from this snapshot directory (`--restore`), instead of booting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore: Option<String>,
+    /// Guest RAM in MiB (`--memory`); for a restore, the snapshot's RAM size.
+    pub memory_mib: u64,
+    /// vCPUs (`--cpus`), default 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vcpus: Option<u32>,
+    /// `--disk` values.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub disks: Vec<String>,
+    /// `--share` values.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shares: Vec<String>,
+    /// `--rng`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub rng: bool,
+    /// Priority class, default normal.
+    #[serde(default)]
+    pub priority: Priority,
+    /// Least guest memory the policy leaves it, MiB (default a quarter of its RAM).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_mib: Option<u64>,
+    /// Most guest memory it may have, MiB (default all its RAM).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_mib: Option<u64>,
+}
+
+/// `PATCH /vms/{id}`: what to change (absent fields stay).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VmPatch {
+    /// A new priority class.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<Priority>,
+    /// A new least guest memory, MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_mib: Option<u64>,
+    /// A new most guest memory, MiB (the cgroup's `memory.max` follows).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_mib: Option<u64>,
+    /// A balloon target, MiB (RAM minus it must stay within min..=max).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub balloon_mib: Option<u64>,
+}
+
+/// Whether a VM's process runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VmStatus {
+    /// Its process runs.
+    Running,
+    /// Its process ended (`exit` says how); listed until deleted.
+    Exited,
+}
+
+/// The guest's last balloon statistics, MiB.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GuestMemory {
+    /// Balloon size reached.
+    pub balloon_actual_mib: u64,
+    /// Guest's total memory.
+    pub total_mib: u64,
+    /// Unused.
+    pub free_mib: u64,
+    /// Usable without swapping.
+    pub available_mib: u64,
+    /// Page cache.
+    pub caches_mib: u64,
+}
+
+/// A VM: `GET /vms/{id}`, an element of `GET /vms`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VmInfo {
+    /// Its id.
+    pub id: String,
+    /// Running or exited.
+    pub status: VmStatus,
+    /// How the process ended (exit code or signal), once it has.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit: Option<String>,
+    /// The VMM's process id.
+    pub pid: u32,
+    /// Priority class.
+    pub priority: Priority,
+    /// Guest RAM.
+    pub memory_mib: u64,
+    /// Least guest memory.
+    pub min_mib: u64,
+    /// Most guest memory.
+    pub max_mib: u64,
+    /// Balloon target last set.
+    pub balloon_mib: u64,
+    /// The VM's own API socket.
+    pub api_sock: String,
+    /// Its console output file.
+    pub console: String,
+    /// Its console input socket.
+    pub console_sock: String,
+    /// Its cgroup, when the fleet has a memory controller.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup: Option<String>,
+    /// VMM resident set, KiB (last tick).
+    pub rss_kib: u64,
+    /// VMM proportional set, KiB (last tick).
+    pub pss_kib: u64,
+    /// CPU over the last tick, percent of one CPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_pct: Option<f64>,
+    /// The guest's statistics, when its balloon reports them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest: Option<GuestMemory>,
+    /// Why the balloon cannot be read or set, when it cannot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub balloon_error: Option<String>,
+    /// How it was created.
+    pub spec: VmCreate,
+}
+
+/// The fleet's memory limits.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CgroupInfo {
+    /// Whether each VM runs under its own `memory.max`.
+    pub enabled: bool,
+    /// The fleet's parent cgroup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+    /// What is missing, when not enabled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub missing: Option<String>,
+    /// VMM overhead added to each VM's max for `memory.max`, MiB.
+    pub overhead_mib: u64,
+}
+
+/// `GET /`: the daemon.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FleetInfo {
+    /// "densevm-fleet".
+    pub app_name: String,
+    /// densevm's version.
+    pub version: String,
+    /// Where VM sockets, consoles and records live.
+    pub state_dir: String,
+    /// VMs running.
+    pub running: usize,
+    /// VMs exited, not yet deleted.
+    pub exited: usize,
+    /// The cgroup hard stop, or why there is none.
+    pub cgroup: CgroupInfo,
+    /// The policy's numbers.
+    pub policy: PolicyConfig,
+    /// The host at the last tick.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<HostSample>,
+    /// The host's band at the last tick.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<HostMode>,
+    /// Ticks run.
+    pub ticks: u64,
+    /// Things an operator should know (a missing hard stop, no PSI, no balloons).
+    pub warnings: Vec<String>,
+}
