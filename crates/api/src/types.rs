@@ -114,6 +114,10 @@ pub struct CloneRequest {
 pub struct CloneList {
     /// One entry per clone started.
     pub clones: Vec<CloneInfo>,
+    /// Microseconds from the request's arrival until every clone's vCPUs ran (the answer
+    /// comes later: the parent finishes freezing its RAM first).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub running_us: Option<u64>,
 }
 
 /// One clone started by `POST /clones`.

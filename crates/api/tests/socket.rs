@@ -61,6 +61,7 @@ fn recording(calls: Calls) -> Box<dyn FnMut(ApiRequest) -> ApiResponse + Send> {
                         console: format!("/run/c{i}.log"),
                     })
                     .collect(),
+                running_us: Some(4200),
             }),
         }
     })
@@ -99,6 +100,7 @@ fn every_helper_round_trips() {
     let list = client.create_clones(&clones).unwrap();
     assert_eq!(list.clones.len(), 2);
     assert_eq!(list.clones[1].api_sock, "/run/c1.sock");
+    assert_eq!(list.running_us, Some(4200), "running_us travels");
 
     // Errors: the handler's, the router's (never reaching the handler), raw statuses.
     let busy = SnapshotCreate {

@@ -180,6 +180,12 @@ fn clones_of_a_running_probe_share_unwritten_memory() {
     let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
     let clones = doc["clones"].as_array().unwrap();
     assert_eq!(clones.len(), 2, "{out}");
+    // The clones ran before the answer came (the parent froze its RAM after they started).
+    let (running, total) = (doc["running_ms"].as_f64(), doc["ms"].as_f64());
+    assert!(
+        matches!((running, total), (Some(r), Some(t)) if r > 0.0 && r <= t),
+        "running_ms within ms: {out}"
+    );
     // Every VM sums the shared 16 MiB before it writes into them: the same sum in all.
     let expect = sum_line("8M", "16M", 0x33, 16 << 20);
     // (name, console, the byte its `fill-id` writes). The instance number the probe reads

@@ -78,9 +78,14 @@ pub fn template_hook(
             pmem.move_to(n, &parent)
                 .map_err(|e| format!("pmem{n}: {e:#}"))?;
         }
+        // The clones run before the parent's RAM leaves the file (the VMM does that after
+        // this hook): the remap would slow their start, and nothing writes the file while
+        // the parent is paused.
         let starting = start_clones(&dir, count, Some(ram)).map_err(|e| format!("{e:#}"))?;
-        *started.lock().unwrap_or_else(|p| p.into_inner()) = Some(starting);
-        Ok(())
+        let mut slot = started.lock().unwrap_or_else(|p| p.into_inner());
+        slot.insert(starting)
+            .wait_running()
+            .map_err(|e| format!("{e:#}"))
     })
 }
 
@@ -107,6 +112,8 @@ pub struct Starting {
     children: Vec<(std::process::Child, OwnedFd, PathBuf)>,
     infos: Vec<CloneInfo>,
     spawned: Instant,
+    /// When the last clone said its vCPUs run.
+    pub running: Option<Instant>,
 }
 
 /// Starts `count` `densevm run --restore DIR` processes, each with its API socket, console
@@ -127,6 +134,7 @@ pub fn start_clones(
         children: Vec::new(),
         infos: Vec::new(),
         spawned: Instant::now(),
+        running: None,
     };
     for index in first..first + count {
         if let Err(e) = spawn_one(&exe, dir, index, ram, &mut starting) {
@@ -206,35 +214,34 @@ impl Starting {
         }
     }
 
-    /// Waits until each clone writes its ready byte (its API socket is up before that);
-    /// then reaps them in the background when they end.
-    pub fn wait(self) -> anyhow::Result<Vec<CloneInfo>> {
-        let Starting {
-            mut children,
-            infos,
-            spawned,
-        } = self;
-        let deadline = spawned + Duration::from_secs(30);
-        for (child, ready, console) in &mut children {
-            match wait_ready(ready, deadline)? {
-                true => tracing::debug!(
-                    "clone {} running {:?} after the last spawn",
+    /// Waits until each clone writes its ready byte (its API socket is up before that).
+    pub fn wait_running(&mut self) -> anyhow::Result<()> {
+        let deadline = self.spawned + Duration::from_secs(30);
+        for (child, ready, console) in &mut self.children {
+            if !wait_ready(ready, deadline)? {
+                let status = child
+                    .try_wait()?
+                    .map_or("still running".into(), |s| s.to_string());
+                anyhow::bail!(
+                    "clone {} ({status}) did not start its vCPUs within 30 s; see {}",
                     child.id(),
-                    spawned.elapsed()
-                ),
-                false => {
-                    let status = child
-                        .try_wait()?
-                        .map_or("still running".into(), |s| s.to_string());
-                    anyhow::bail!(
-                        "clone {} ({status}) did not start its vCPUs within 30 s; see {}",
-                        child.id(),
-                        console.display()
-                    );
-                }
+                    console.display()
+                );
             }
         }
-        // Reap the clones when they end, so none lingers as a zombie of this VMM.
+        let now = Instant::now();
+        tracing::debug!(
+            "clones running {:?} after the last spawn",
+            now - self.spawned
+        );
+        self.running = Some(now);
+        Ok(())
+    }
+
+    /// The running clones; they are reaped in the background when they end, so none
+    /// lingers as a zombie of this VMM.
+    pub fn finish(self) -> Vec<CloneInfo> {
+        let children = self.children;
         let _ = std::thread::Builder::new()
             .name("clone-reaper".into())
             .stack_size(64 << 10)
@@ -243,7 +250,17 @@ impl Starting {
                     let _ = child.wait();
                 }
             });
-        Ok(infos)
+        self.infos
+    }
+
+    /// Waits until the clones run ([`wait_running`](Self::wait_running)), then
+    /// [`finish`](Self::finish)es.
+    pub fn wait(mut self) -> anyhow::Result<Vec<CloneInfo>> {
+        if let Err(e) = self.wait_running() {
+            self.kill();
+            return Err(e);
+        }
+        Ok(self.finish())
     }
 }
 

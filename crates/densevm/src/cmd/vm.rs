@@ -120,14 +120,25 @@ pub fn main(args: VmArgs) -> anyhow::Result<i32> {
                 snapshot_path: abs.display().to_string(),
             })?;
             let ms = t0.elapsed().as_secs_f64() * 1e3;
-            let mut human = format!("{} clones running ({ms:.1} ms):", list.clones.len());
+            let running_ms = list.running_us.map(|us| us as f64 / 1e3);
+            let mut human = match running_ms {
+                Some(r) => format!(
+                    "{} clones running {r:.1} ms after the request (answer after {ms:.1} ms):",
+                    list.clones.len()
+                ),
+                None => format!("{} clones running ({ms:.1} ms):", list.clones.len()),
+            };
             for c in &list.clones {
                 human.push_str(&format!(
                     "\n  clone {}: pid {}, api {}, console {}",
                     c.index, c.pid, c.api_sock, c.console
                 ));
             }
-            done(sock.json, json!({"clones": list.clones, "ms": ms}), human)
+            done(
+                sock.json,
+                json!({"clones": list.clones, "ms": ms, "running_ms": running_ms}),
+                human,
+            )
         }
         VmCommand::CloneFrom {
             snapshot,

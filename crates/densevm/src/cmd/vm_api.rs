@@ -68,6 +68,7 @@ pub fn serve(
                 }
             }
             ApiRequest::CreateClones(req) => {
+                let arrived = std::time::Instant::now();
                 if let Some(d) = specs.disks.iter().find(|d| !d.readonly && !d.pcow) {
                     return ApiResponse::error(
                         400,
@@ -91,10 +92,15 @@ pub fn serve(
                 let result = handle.template(dir, hook);
                 let starting = started.lock().unwrap_or_else(|p| p.into_inner()).take();
                 match (result, starting) {
-                    (Ok(_), Some(starting)) => match starting.wait() {
-                        Ok(clones) => ApiResponse::ok(&CloneList { clones }),
-                        Err(e) => ApiResponse::error(500, format!("{e:#}")),
-                    },
+                    (Ok(_), Some(starting)) => {
+                        let running_us = starting
+                            .running
+                            .map(|at| at.saturating_duration_since(arrived).as_micros() as u64);
+                        ApiResponse::ok(&CloneList {
+                            clones: starting.finish(),
+                            running_us,
+                        })
+                    }
                     (Ok(_), None) => ApiResponse::error(500, "the template started no clones"),
                     (Err(e), starting) => {
                         // Clones started before a later step failed are not reported as
