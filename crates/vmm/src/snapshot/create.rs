@@ -1,9 +1,8 @@
 //! The control loop's side of pause, resume, snapshots and clone templates.
 
-use super::ram::{create_ram_file, remap, write_memory, write_windows, RamFile};
+use super::ram::{create_ram_file, matches_template, remap, write_memory, write_windows, RamFile};
 use super::{RegionRecord, SnapshotState, MEMORY_FILE, STATE_FILE};
 use crate::control::{ControlError, ControlRequest, RunState, SnapshotInfo, Template};
-use crate::memory::is_ram;
 use crate::persist::{self, HostCpu};
 use crate::vmm::Vmm;
 use crate::vstate::kick;
@@ -214,8 +213,10 @@ impl Vmm {
     }
 
     /// Freezes the RAM file as a clone template. A VM whose RAM is its own shared file
-    /// costs nothing here; one whose RAM is anonymous or private over an earlier template
-    /// first gets a new RAM file with its current contents (O(RAM), once).
+    /// costs nothing here, nor does one that wrote nothing since its last template (it is
+    /// cloned from that one again); one whose RAM is anonymous or private over an earlier
+    /// template with pages of its own first gets a new RAM file with its current contents
+    /// (a copy of its resident memory).
     fn template(
         &mut self,
         dir: &Path,
@@ -225,12 +226,16 @@ impl Vmm {
         prepare_dir(dir)?;
         let state = self.capture_state()?;
         tracing::debug!("template: state captured after {:?}", t0.elapsed());
+        let unchanged = matches_template(self.memory.regions(), &self.ram)
+            .map_err(failed("reading the page map of guest RAM"))?;
         let file = match (&self.ram.file, self.ram.shared) {
             (Some(file), true) => {
                 write_windows(self.memory.regions(), file)
                     .map_err(failed("copying the boot-image windows into the template"))?;
                 file.clone()
             }
+            // Nothing written since the last template (a VM kept paused): clone from it.
+            (Some(file), false) if unchanged => file.clone(),
             _ => {
                 let file = create_ram_file(self.memory.end())
                     .map_err(failed("creating a RAM file for the template"))?;
@@ -246,7 +251,15 @@ impl Vmm {
         // leaves the file whatever the outcome, so nobody writes the template again.
         let hooked = hook(file.as_fd());
         tracing::debug!("template: hook done after {:?}", t0.elapsed());
-        for r in self.memory.regions().iter().filter(|r| is_ram(&r.name)) {
+        // RAM and the boot-image windows (whose bytes the template holds at their guest
+        // addresses) go private over it: what the VM writes from now on is its own, and
+        // a VM that writes nothing can be cloned again from the same file.
+        let frozen = self
+            .memory
+            .regions()
+            .iter()
+            .filter(|r| r.kind != crate::memory::RegionKind::External);
+        for r in frozen {
             if let Err(e) = remap(r, &file, false) {
                 // Part of the VM's RAM still writes the file the clones map: it must not
                 // run again.

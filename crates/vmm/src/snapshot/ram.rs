@@ -100,22 +100,60 @@ fn data_ranges(file: &File, from: u64, to: u64) -> io::Result<Vec<(u64, u64)>> {
     Ok(ranges)
 }
 
-/// Copies `[from, to)` of `src` to the same offsets of `out`, skipping zero pages.
+/// Copies `[from, to)` of `src` to the same offsets of `out`, skipping zero pages: each
+/// data range of `src` is mapped read-only and its runs of non-zero pages written out
+/// from the mapping, one call per run (no copy through a buffer).
 fn copy_file_data(src: &File, out: &File, from: u64, to: u64) -> io::Result<u64> {
     let mut written = 0;
-    let mut buf = vec![0u8; 256 << 10];
     for (start, end) in data_ranges(src, from, to)? {
-        let mut pos = start;
-        while pos < end {
-            let n = ((end - pos) as usize).min(buf.len());
-            src.read_exact_at(&mut buf[..n], pos)?;
-            for (i, page) in buf[..n].chunks(PAGE as usize).enumerate() {
-                if !is_zero(page) {
-                    out.write_all_at(page, pos + (i as u64) * PAGE)?;
-                    written += page.len() as u64;
-                }
+        let start = start / PAGE * PAGE;
+        let end = end.next_multiple_of(PAGE).min(to.next_multiple_of(PAGE));
+        let len = (end - start) as usize;
+        // SAFETY: a fresh read-only shared mapping of `src` (its own VMA, nobody else's
+        // memory); unmapped below before it goes out of scope.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                src.as_raw_fd(),
+                start as libc::off_t,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: the mapping above is `len` readable bytes until the munmap below; the
+        // file is a frozen template or the paused VM's own RAM file, so nothing writes it.
+        let data = unsafe { std::slice::from_raw_parts(ptr as *const u8, len) };
+        let result = write_nonzero_runs(data, out, start);
+        // SAFETY: unmapping the mapping made above; `data` is not used after this.
+        unsafe { libc::munmap(ptr, len) };
+        written += result?;
+    }
+    Ok(written)
+}
+
+/// Writes the runs of non-zero pages of `data` to `out` at `offset` + their position.
+fn write_nonzero_runs(data: &[u8], out: &File, offset: u64) -> io::Result<u64> {
+    let mut written = 0;
+    let mut run: Option<usize> = None;
+    let pages = data.len().div_ceil(PAGE as usize);
+    for i in 0..=pages {
+        let zero = i == pages || {
+            let page = &data[i * PAGE as usize..((i + 1) * PAGE as usize).min(data.len())];
+            is_zero(page)
+        };
+        match (zero, run) {
+            (false, None) => run = Some(i),
+            (true, Some(first)) => {
+                let (a, b) = (first * PAGE as usize, (i * PAGE as usize).min(data.len()));
+                out.write_all_at(&data[a..b], offset + a as u64)?;
+                written += (b - a) as u64;
+                run = None;
             }
-            pos += n as u64;
+            _ => {}
         }
     }
     Ok(written)
@@ -140,6 +178,22 @@ fn copy_pages(region: &RegionInfo, out: &File, which: Pages, skip_zero: bool) ->
     let pages = region.size / PAGE;
     let mut entries = vec![0u8; 8 * 4096];
     let mut written = 0;
+    // A run of pages to copy, `[first, end)` in pages from the region's start: written
+    // with one call from the mapping (the VM is paused, nothing writes it meanwhile).
+    let mut run: Option<(u64, u64)> = None;
+    let mut flush = |run: &mut Option<(u64, u64)>| -> io::Result<()> {
+        if let Some((first, end)) = run.take() {
+            let len = ((end - first) * PAGE) as usize;
+            // SAFETY: [first, end) pages lie inside the region's live mapping (end <= pages);
+            // the VM is paused so nothing writes them while they are read.
+            let data = unsafe {
+                std::slice::from_raw_parts((region.host_addr + first * PAGE) as *const u8, len)
+            };
+            out.write_all_at(data, region.gpa + first * PAGE)?;
+            written += len as u64;
+        }
+        Ok(())
+    };
     let mut page = 0;
     while page < pages {
         let n = (pages - page).min(4096);
@@ -148,24 +202,32 @@ fn copy_pages(region: &RegionInfo, out: &File, which: Pages, skip_zero: bool) ->
             pagemap.read_exact_at(bytes, (region.host_addr / PAGE + page) * 8)?;
         }
         for (i, entry) in bytes.chunks_exact(8).enumerate() {
+            let index = page + i as u64;
             let e = u64::from_le_bytes(entry.try_into().unwrap_or([0; 8]));
-            if which == Pages::Private && (e & (PM_PRESENT | PM_SWAP) == 0 || e & PM_FILE != 0) {
-                continue;
+            let mut copy =
+                which == Pages::All || (e & (PM_PRESENT | PM_SWAP) != 0 && e & PM_FILE == 0);
+            if copy && skip_zero {
+                // SAFETY: inside the region's live mapping, as above.
+                let data = unsafe {
+                    std::slice::from_raw_parts(
+                        (region.host_addr + index * PAGE) as *const u8,
+                        PAGE as usize,
+                    )
+                };
+                copy = !is_zero(data);
             }
-            let off = (page + i as u64) * PAGE;
-            // SAFETY: off < region.size, inside the region's live mapping; the VM is paused
-            // so nothing writes the page while it is read.
-            let data = unsafe {
-                std::slice::from_raw_parts((region.host_addr + off) as *const u8, PAGE as usize)
-            };
-            if skip_zero && is_zero(data) {
-                continue;
+            match (copy, run) {
+                (true, Some((first, end))) if end == index => run = Some((first, index + 1)),
+                (true, _) => {
+                    flush(&mut run)?;
+                    run = Some((index, index + 1));
+                }
+                (false, _) => flush(&mut run)?,
             }
-            out.write_all_at(data, region.gpa + off)?;
-            written += PAGE;
         }
         page += n;
     }
+    flush(&mut run)?;
     Ok(written)
 }
 
@@ -315,6 +377,36 @@ pub fn write_memory(regions: &[RegionInfo], ram: &RamFile, out: &File) -> io::Re
     Ok(written)
 }
 
+/// Whether the regions (RAM and boot-image windows) of a VM mapped private over a frozen
+/// template still read exactly the template: no page written since (per /proc/self/pagemap, no private page)
+/// and none discarded. Such a VM (e.g. one kept paused since its last clone) can be cloned
+/// again from the same template without a copy.
+pub fn matches_template(regions: &[RegionInfo], ram: &RamFile) -> io::Result<bool> {
+    if ram.file.is_none() || ram.shared || !ram.discarded.is_empty() {
+        return Ok(false);
+    }
+    let pagemap = File::open("/proc/self/pagemap")?;
+    let mut entries = vec![0u8; 8 * 4096];
+    for r in regions.iter().filter(|r| r.kind != RegionKind::External) {
+        let pages = r.size / PAGE;
+        let mut page = 0;
+        while page < pages {
+            let n = (pages - page).min(4096);
+            let bytes = &mut entries[..(8 * n) as usize];
+            pagemap.read_exact_at(bytes, (r.host_addr / PAGE + page) * 8)?;
+            let private = bytes.chunks_exact(8).any(|entry| {
+                let e = u64::from_le_bytes(entry.try_into().unwrap_or([0; 8]));
+                e & (PM_PRESENT | PM_SWAP) != 0 && e & PM_FILE == 0
+            });
+            if private {
+                return Ok(false);
+            }
+            page += n;
+        }
+    }
+    Ok(true)
+}
+
 /// Writes the boot-image windows (every non-RAM, non-external region) into the VM's own
 /// RAM file, at their guest addresses (holes there: RAM is cut around them), so that the
 /// file alone holds all guest memory for a template.
@@ -344,6 +436,42 @@ mod tests {
     /// from before the freeze, the VM sees its own writes, and a snapshot of the VM
     /// holds template data overlaid with the private pages (including a page written
     /// back to zeros), with holes where nothing was ever written.
+    #[test]
+    fn a_vm_that_wrote_nothing_since_its_freeze_matches_its_template() {
+        let size = 4 << 20;
+        let file = Arc::new(create_ram_file(size).unwrap());
+        let mut specs = layout(size);
+        back_ram_with_file(&mut specs, &file, true);
+        let memory = GuestMemory::new(specs).unwrap();
+        let mem = memory.mem();
+        mem.write_slice(&[0xaa; 4096], GuestAddress(0x1000))
+            .unwrap();
+        let shared = RamFile::new(Some(file.clone()), true);
+        assert!(
+            !matches_template(memory.regions(), &shared).unwrap(),
+            "not frozen yet"
+        );
+        for r in memory.regions() {
+            remap(r, &file, false).unwrap();
+        }
+        let mut ram = RamFile::new(Some(file.clone()), false);
+        // Reads fault in the template's pages: still the template.
+        let mut buf = [0u8; 4096];
+        mem.read_slice(&mut buf, GuestAddress(0x1000)).unwrap();
+        mem.read_slice(&mut buf, GuestAddress(0x30_0000)).unwrap();
+        assert!(matches_template(memory.regions(), &ram).unwrap());
+        // One write anywhere, or a discard, and it does not.
+        mem.write_slice(&[1], GuestAddress(0x20_0000)).unwrap();
+        assert!(!matches_template(memory.regions(), &ram).unwrap());
+        for r in memory.regions() {
+            remap(r, &file, false).unwrap();
+        }
+        assert!(matches_template(memory.regions(), &ram).unwrap());
+        ram.discard(&memory.regions()[0], 0x1000, PAGE).unwrap();
+        assert!(!matches_template(memory.regions(), &ram).unwrap());
+        assert!(!matches_template(memory.regions(), &RamFile::new(None, false)).unwrap());
+    }
+
     #[test]
     fn freeze_keeps_the_template_and_snapshots_merge_private_pages() {
         let size = 4 << 20;
