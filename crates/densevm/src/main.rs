@@ -65,7 +65,7 @@ fn main() {
     match result {
         Ok(code) => std::process::exit(code),
         Err(err) => {
-            eprintln!("densevm: error: {err:#}");
+            eprintln!("densevm: error: {}", output::error_chain(&err));
             std::process::exit(1);
         }
     }

@@ -76,16 +76,17 @@ pub fn template_hook(
             let parent = pmem_overlay_path(&dir, n, "parent");
             create_overlay(&parent, &base)?;
             pmem.move_to(n, &parent)
-                .map_err(|e| format!("pmem{n}: {e:#}"))?;
+                .map_err(|e| format!("pmem{n}: {}", crate::output::error_chain(&e)))?;
         }
         // The clones run before the parent's RAM leaves the file (the VMM does that after
         // this hook): the remap would slow their start, and nothing writes the file while
         // the parent is paused.
-        let starting = start_clones(&dir, count, Some(ram)).map_err(|e| format!("{e:#}"))?;
+        let starting =
+            start_clones(&dir, count, Some(ram)).map_err(|e| crate::output::error_chain(&e))?;
         let mut slot = started.lock().unwrap_or_else(|p| p.into_inner());
         slot.insert(starting)
             .wait_running()
-            .map_err(|e| format!("{e:#}"))
+            .map_err(|e| crate::output::error_chain(&e))
     })
 }
 

@@ -326,7 +326,7 @@ fn check(file: &Path, repair: bool, json: bool) -> anyhow::Result<i32> {
     let mut chain = match Chain::open(file, opts) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("densevm: could not check {}: {e}", file.display());
+            eprintln!("densevm: error: could not check {}: {e}", file.display());
             return Ok(1);
         }
     };
