@@ -29,7 +29,6 @@ pub fn error_chain(err: &anyhow::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::error_chain;
-    use anyhow::Context;
 
     #[derive(Debug, thiserror::Error)]
     #[error("cannot read kernel {path}: {source}")]
