@@ -11,8 +11,8 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::types::{
-    ApiError, Balloon, BalloonStats, BalloonStatsUpdate, BalloonUpdate, CloneList, CloneRequest,
-    InstanceInfo, SnapshotCreate, VmState, VmStateChange,
+    ApiError, Balloon, BalloonInfo, BalloonStats, BalloonStatsUpdate, BalloonUpdate, CloneList,
+    CloneRequest, InstanceInfo, SnapshotCreate, VmState, VmStateChange,
 };
 
 /// How long the client waits for the server by default (snapshots and clones take time).
@@ -136,8 +136,8 @@ impl ApiClient {
         self.send_json("PATCH", "/balloon", &BalloonUpdate { amount_mib })
     }
 
-    /// `GET /balloon`.
-    pub fn balloon(&self) -> Result<Balloon, ClientError> {
+    /// `GET /balloon`: the settings, the target and the size the guest reached.
+    pub fn balloon(&self) -> Result<BalloonInfo, ClientError> {
         self.call("GET", "/balloon", None)
     }
 

@@ -10,12 +10,13 @@
 //! | `POST`  | `/clones`          | [`CloneRequest`]     | 200 [`CloneList`]          |
 //! | `PUT`   | `/balloon`         | [`Balloon`]          | 204                        |
 //! | `PATCH` | `/balloon`         | [`BalloonUpdate`]    | 204                        |
-//! | `GET`   | `/balloon`         | —                    | 200 [`Balloon`]            |
+//! | `GET`   | `/balloon`         | —                    | 200 [`BalloonInfo`]        |
 //! | `GET`   | `/balloon/statistics` | —                 | 200 [`BalloonStats`]       |
 //! | `PATCH` | `/balloon/statistics` | [`BalloonStatsUpdate`] | 204                   |
 //!
-//! (The balloon routes are parsed and typed; until the VMM has a balloon device it answers
-//! them 400.) docs/api/openapi.yaml documents every route.
+//! (The balloon routes act on a VM started with `densevm run --balloon`; a VM without one
+//! answers them 400, and `PUT /balloon` is 400 at run time: the device is created at
+//! start.) docs/api/openapi.yaml documents every route.
 //!
 //! Errors carry Firecracker's body, `{"fault_message": "..."}` ([`ApiError`]), saying what
 //! to do. Differences from Firecracker: `snapshot_path` is a directory (it holds `state`
@@ -47,7 +48,7 @@ pub use server::{
     ApiHandler, ApiResponse, ApiServer, ApiServerError, ApiServerHandle, HttpHandler,
 };
 pub use types::{
-    ApiError, Balloon, BalloonStats, BalloonStatsUpdate, BalloonUpdate, CloneInfo, CloneList,
-    CloneRequest, InstanceInfo, InstanceState, SnapshotCreate, SnapshotType, VmState,
+    ApiError, Balloon, BalloonInfo, BalloonStats, BalloonStatsUpdate, BalloonUpdate, CloneInfo,
+    CloneList, CloneRequest, InstanceInfo, InstanceState, SnapshotCreate, SnapshotType, VmState,
     VmStateChange, MAX_CLONES,
 };

@@ -154,6 +154,32 @@ pub struct Balloon {
     pub stats_polling_interval_s: u32,
 }
 
+/// The answer to `GET /balloon`: Firecracker's [`Balloon`] fields (the target as
+/// `amount_mib`), plus what densevm adds (each defaulted, so a Firecracker-shaped answer
+/// reads too): free page reporting, and the balloon's size as the guest reports it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BalloonInfo {
+    /// The target: guest memory the balloon should hold, in MiB.
+    pub amount_mib: u32,
+    /// Whether the guest may deflate the balloon itself when it would otherwise OOM-kill.
+    pub deflate_on_oom: bool,
+    /// How often the guest reports statistics, in seconds; 0: not polled.
+    #[serde(default)]
+    pub stats_polling_interval_s: u32,
+    /// Whether the guest reports the pages it frees (they go back to the host).
+    #[serde(default)]
+    pub free_page_reporting: bool,
+    /// The target in 4 KiB pages.
+    #[serde(default)]
+    pub target_pages: u32,
+    /// The balloon's size as the guest last wrote it (`actual`), in 4 KiB pages.
+    #[serde(default)]
+    pub actual_pages: u32,
+    /// `actual_pages` in MiB (rounded down).
+    #[serde(default)]
+    pub actual_mib: u32,
+}
+
 /// `PATCH /balloon` (Firecracker's `BalloonUpdate`): a new target.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -182,6 +182,29 @@ fn bad_device_options_are_refused_before_the_vm_starts() {
         ),
         (vec!["--kernel", k, "--share", &missing], "tag="),
         (vec!["--probe", "--rng"], "add --kernel FILE"),
+        (
+            vec!["--probe", "--balloon", "amount_mib=0"],
+            "the probe guest has no PCI",
+        ),
+        (
+            vec![
+                "--kernel",
+                k,
+                "--balloon",
+                "amount_mib=200",
+                "--memory",
+                "128M",
+            ],
+            "give 0 to 128",
+        ),
+        (
+            vec!["--kernel", k, "--balloon", "amount=1"],
+            "unknown option 'amount=1'",
+        ),
+        (
+            vec!["--kernel", k, "--balloon", "free_page_reporting=maybe"],
+            "give on or off",
+        ),
     ];
     for (args, needle) in cases {
         let (code, err) = run(&args);

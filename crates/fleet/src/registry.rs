@@ -214,6 +214,15 @@ pub fn run_args(spec: &VmCreate, id: &str, dir: &Path) -> Vec<String> {
         for s in &spec.shares {
             push("--share", s);
         }
+        if spec.kernel.is_some() {
+            // The balloon the policy drives: statistics every tick, freed pages back to
+            // the host, and the guest may deflate rather than OOM-kill. It starts empty;
+            // a max under the RAM is sent as the first target once the VM answers.
+            push(
+                "--balloon",
+                "amount_mib=0,deflate_on_oom,stats_interval_s=1,free_page_reporting=on",
+            );
+        }
     }
     push("--api-sock", &dir.join("api.sock").display().to_string());
     push(
@@ -660,5 +669,45 @@ impl VmProcess for Adopted {
 
     fn control(&self) -> Arc<dyn VmControl> {
         self.control.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Linux VMs get the balloon the policy drives; probe VMs (no PCI) and restored ones
+    /// (their balloon comes from the snapshot) get no --balloon.
+    #[test]
+    fn linux_vms_get_a_balloon() {
+        let dir = Path::new("/state/vms/a");
+        let linux = VmCreate {
+            kernel: Some("/k".into()),
+            memory_mib: 256,
+            ..Default::default()
+        };
+        let args = run_args(&linux, "a", dir);
+        let at = args
+            .iter()
+            .position(|a| a == "--balloon")
+            .expect("--balloon");
+        assert_eq!(
+            args[at + 1],
+            "amount_mib=0,deflate_on_oom,stats_interval_s=1,free_page_reporting=on"
+        );
+        for other in [
+            VmCreate {
+                probe: Some("exit 0".into()),
+                memory_mib: 64,
+                ..Default::default()
+            },
+            VmCreate {
+                restore: Some("/snap".into()),
+                memory_mib: 256,
+                ..Default::default()
+            },
+        ] {
+            assert!(!run_args(&other, "a", dir).contains(&"--balloon".to_string()));
+        }
     }
 }

@@ -2,6 +2,7 @@
 //! the guest payload. The result is a [`Vmm`] ready to run its event loop.
 
 use crate::arch::cpuid::vcpu_cpuid;
+use crate::balloon::{SharedRam, VmBalloon};
 use crate::boot::{linux, probe, EntryState};
 use crate::config::{place_external_regions, Payload, VmConfig, HIGH_RAM_START, LOW_RAM_END};
 use crate::device_manager::DeviceManager;
@@ -125,6 +126,14 @@ pub fn build(config: VmConfig) -> Result<Vmm, VmmError> {
             "virtio devices (--disk, --share, --rng) need a Linux guest (--kernel); the probe guest has no PCI".into(),
         ));
     }
+    if let Some(balloon) = &config.balloon {
+        if !linux {
+            return Err(VmmError::Config(
+                "--balloon is a virtio device for a Linux guest (--kernel); the probe guest has no PCI".into(),
+            ));
+        }
+        crate::balloon::check_config(balloon, config.memory_bytes)?;
+    }
     let mut specs = match linux_plan.as_mut() {
         Some(plan) => std::mem::take(&mut plan.regions),
         None => crate::memory::ram_with_windows(low_end, high, HIGH_RAM_START, Vec::new()),
@@ -151,6 +160,18 @@ pub fn build(config: VmConfig) -> Result<Vmm, VmmError> {
     tracing::debug!("{merged} bytes of guest memory marked for same-page merging");
     vm.register_memory(&memory)?;
     let external = crate::external::attach(&config.external_regions, &placed, &memory, linux);
+    let ram = Arc::new(std::sync::Mutex::new(ram));
+    let mut virtio: Vec<_> = external.devices.into_iter().chain(config.devices).collect();
+    let balloon = match &config.balloon {
+        Some(c) => {
+            let (device, balloon) =
+                crate::balloon::create(c, config.memory_bytes, memory.regions(), ram.clone())?;
+            // Last: a restore recreates it after the caller's devices, in the same slot.
+            virtio.push(Box::new(device));
+            Some(balloon)
+        }
+        None => None,
+    };
     // Linux takes interrupts: in-kernel PIC/IOAPIC/LAPIC and PIT. The probe needs none
     // and runs without, so its HLT exits to the VMM.
     if linux {
@@ -170,7 +191,7 @@ pub fn build(config: VmConfig) -> Result<Vmm, VmmError> {
     }
     let serial_evt = serial_irq.try_clone().map_err(host_err("eventfd clone"))?;
     let mut devices = DeviceManager::new(&vm, config.console, serial_evt, linux)?;
-    for device in external.devices.into_iter().chain(config.devices) {
+    for device in virtio {
         devices.add_virtio(&vm, memory.mem(), device)?;
     }
 
@@ -233,6 +254,7 @@ pub fn build(config: VmConfig) -> Result<Vmm, VmmError> {
             ram,
             memory_bytes: config.memory_bytes,
             device_specs: config.device_specs,
+            balloon,
         },
     );
     vmm.readonly_slots = external.slots;
@@ -246,9 +268,10 @@ pub(crate) struct Extras {
     pub timeout: Option<Duration>,
     pub report_memory: bool,
     pub linux: bool,
-    pub ram: RamFile,
+    pub ram: SharedRam,
     pub memory_bytes: u64,
     pub device_specs: serde_json::Value,
+    pub balloon: Option<VmBalloon>,
 }
 
 /// Assembles a [`Vmm`] from its built parts (a fresh boot or a restore).
@@ -285,6 +308,7 @@ pub(crate) fn finish(
         ram: extras.ram,
         memory_bytes: extras.memory_bytes,
         device_specs: extras.device_specs,
+        balloon: extras.balloon,
         notify_vmgenid: false,
         on_running: None,
         paused: false,

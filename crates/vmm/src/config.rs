@@ -106,4 +106,8 @@ pub struct VmConfig {
     /// How the caller opened `devices` (opaque to the VMM): saved in snapshots and given
     /// back at restore, so the caller can open the same devices again.
     pub device_specs: serde_json::Value,
+    /// A virtio-balloon device (Linux guests), created by the VMM after `devices`: it
+    /// releases guest memory through the VM's own RAM backing ([`crate::balloon`]). Its
+    /// handle is [`crate::Vmm::balloon`].
+    pub balloon: Option<densevm_virtio::balloon::BalloonConfig>,
 }

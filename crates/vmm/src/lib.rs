@@ -2,6 +2,7 @@
 //! the run loop, boot trace points and memory accounting.
 
 pub mod arch;
+pub mod balloon;
 pub mod boot;
 pub mod builder;
 pub mod config;

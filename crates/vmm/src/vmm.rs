@@ -1,11 +1,11 @@
 //! A built VM and its event loop: vCPU threads report to the control thread, which decides
 //! how the VM ends, refreshes read-only memory slots, and tears everything down.
 
+use crate::balloon::{BalloonReport, SharedRam, VmBalloon};
 use crate::control::{LoopEvent, VmmHandle};
 use crate::device_manager::DeviceManager;
 use crate::memory::{GuestMemory, MemoryError};
 use crate::report::{memory_report, MemoryReport};
-use crate::snapshot::ram::RamFile;
 use crate::trace::{mark_name, BootTrace};
 use crate::vstate::kick;
 use crate::vstate::readonly_slots::{ReadonlySlotStats, ReadonlySlots};
@@ -95,6 +95,8 @@ pub struct RunOutcome {
     pub memory: Option<MemoryReport>,
     /// How the read-only slots of external regions were kept up to date.
     pub readonly_slots: ReadonlySlotStats,
+    /// What the balloon did, if the VM has one.
+    pub balloon: Option<BalloonReport>,
 }
 
 /// A VM could not be built or started.
@@ -152,8 +154,11 @@ pub struct Vmm {
     pub(crate) report_memory: bool,
     /// A Linux guest (PCI, virtio, CMOS): not snapshottable yet.
     pub(crate) linux: bool,
-    /// How guest RAM is held (for snapshots and templates).
-    pub(crate) ram: RamFile,
+    /// How guest RAM is held (for snapshots and templates; shared with the balloon, which
+    /// releases RAM through it).
+    pub(crate) ram: SharedRam,
+    /// The balloon device, if the VM has one.
+    pub(crate) balloon: Option<VmBalloon>,
     /// Guest RAM in bytes.
     pub(crate) memory_bytes: u64,
     /// How the caller opened the virtio devices (saved in snapshots).
@@ -187,6 +192,22 @@ impl Vmm {
     /// A handle through which other threads (the API server) control this VM.
     pub fn handle(&self) -> VmmHandle {
         VmmHandle::new(self.events_tx.clone())
+    }
+
+    /// The balloon's handle (target, `actual`, statistics; usable from any thread) and how
+    /// the device was created, if the VM has a balloon.
+    pub fn balloon(
+        &self,
+    ) -> Option<(
+        densevm_virtio::balloon::BalloonHandle,
+        densevm_virtio::balloon::BalloonConfig,
+    )> {
+        self.balloon.as_ref().map(|b| (b.handle.clone(), b.config))
+    }
+
+    /// Guest RAM in bytes.
+    pub fn memory_bytes(&self) -> u64 {
+        self.memory_bytes
     }
 
     fn spawn_vcpus(&mut self) -> Result<Vec<JoinHandle<()>>, VmmError> {
@@ -260,6 +281,7 @@ impl Vmm {
             }
         };
         self.trace.mark("vm_end");
+        let balloon = self.balloon.as_ref().map(VmBalloon::report);
         let memory_report = if self.report_memory {
             memory_report(self.memory.regions()).ok()
         } else {
@@ -282,6 +304,7 @@ impl Vmm {
             trace: self.trace,
             memory: memory_report,
             readonly_slots: self.readonly_slots.stats(self.shared.stale_exits()),
+            balloon,
         })
     }
 

@@ -1,5 +1,6 @@
 //! One module per top-level subcommand.
 
+pub mod balloon;
 pub mod clones;
 pub mod console;
 pub mod devices;

@@ -81,8 +81,15 @@ pub struct RunArgs {
     /// (`/dev/hwrng` with the virtio_rng module).
     #[arg(long)]
     pub rng: bool,
+    /// A virtio-balloon device for a Linux guest (`virtio_balloon` module):
+    /// amount_mib=N (initial target, default 0), deflate_on_oom[=on|off] (default off),
+    /// stats_interval_s=S (guest statistics every S s, default 1; 0: none),
+    /// free_page_reporting=on|off (pages the guest frees go back to the host; default on).
+    /// The API's /balloon routes change the target and read the statistics.
+    #[arg(long, value_name = "amount_mib=N[,OPTS]", value_parser = crate::cmd::balloon::parse_balloon)]
+    pub balloon: Option<densevm_virtio::balloon::BalloonConfig>,
     /// Serve the VM's HTTP API (Firecracker-style: GET /, PATCH /vm, PUT /snapshot/create,
-    /// POST /clones) on this unix socket.
+    /// POST /clones, /balloon) on this unix socket.
     #[arg(long, value_name = "PATH")]
     pub api_sock: Option<std::path::PathBuf>,
     /// Take console input (the guest's COM1) from clients of this unix socket, e.g.
@@ -94,7 +101,7 @@ pub struct RunArgs {
     pub id: Option<String>,
     /// Start the VM from a snapshot directory (made by PUT /snapshot/create) instead of
     /// booting: it continues where the snapshot was taken.
-    #[arg(long, value_name = "DIR", conflicts_with_all = ["kernel", "probe", "pmem", "disk", "share", "rng"])]
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["kernel", "probe", "pmem", "disk", "share", "rng", "balloon"])]
     pub restore: Option<std::path::PathBuf>,
     /// (clones) the template's RAM file is this inherited descriptor.
     #[arg(long, hide = true, requires = "restore")]
@@ -163,6 +170,11 @@ fn summary(args: &RunArgs, outcome: &RunOutcome, pmem: &PmemRegions) -> Value {
         let o = obj.as_object_mut().expect("object");
         o.insert("pmem".into(), json!(pmem.stats()));
         o.insert("readonly_slots".into(), json!(outcome.readonly_slots));
+    }
+    if let Some(b) = &outcome.balloon {
+        obj.as_object_mut()
+            .expect("object")
+            .insert("balloon".into(), json!(b));
     }
     if let Some(m) = &outcome.memory {
         let o = obj.as_object_mut().expect("object");
@@ -235,6 +247,12 @@ pub fn main(args: RunArgs) -> anyhow::Result<i32> {
     if args.kernel.is_none() && (!args.disk.is_empty() || !args.share.is_empty() || args.rng) {
         bail!("--disk, --share and --rng are virtio devices for a Linux guest: add --kernel FILE");
     }
+    if let Some(b) = &args.balloon {
+        if args.kernel.is_none() {
+            bail!("--balloon is a virtio device for a Linux guest (the probe guest has no PCI): add --kernel FILE");
+        }
+        crate::cmd::balloon::check_balloon(b, args.memory)?;
+    }
     let specs =
         crate::cmd::devices::DeviceSpecs::absolute(&args.disk, &args.share, args.rng, &args.pmem);
     let (devices, disk_handles) = specs.open()?;
@@ -251,6 +269,7 @@ pub fn main(args: RunArgs) -> anyhow::Result<i32> {
         merge: args.merge.into(),
         devices,
         device_specs: serde_json::to_value(&specs)?,
+        balloon: args.balloon,
     };
     let started = Instant::now();
     let vmm = densevm_vmm::builder::build(config).context("could not start the VM")?;
@@ -290,6 +309,13 @@ fn run_with_api(
     disk_handles: Vec<densevm_virtio::block::BackendHandle>,
     pmem: &PmemRegions,
 ) -> anyhow::Result<RunOutcome> {
+    let balloon = vmm
+        .balloon()
+        .map(|(handle, created)| crate::cmd::balloon::BalloonApi {
+            handle,
+            created,
+            memory_bytes: vmm.memory_bytes(),
+        });
     let server = match &args.api_sock {
         Some(path) => {
             let id = args
@@ -303,6 +329,7 @@ fn run_with_api(
                 specs.clone(),
                 disk_handles,
                 pmem.clone(),
+                balloon,
             )?)
         }
         None => None,

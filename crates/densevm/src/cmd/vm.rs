@@ -54,6 +54,21 @@ enum VmCommand {
         #[arg(long, value_name = "DIR")]
         dir: PathBuf,
     },
+    /// Show the balloon (GET /balloon: target, the size the guest reached, options), after
+    /// setting a new target with --amount-mib (PATCH /balloon). The VM needs
+    /// `densevm run --balloon`.
+    Balloon {
+        #[command(flatten)]
+        sock: Sock,
+        /// The new target: MiB the guest gives back (0 deflates it completely).
+        #[arg(long, value_name = "MIB")]
+        amount_mib: Option<u32>,
+        /// Set how often the guest sends statistics, in seconds (PATCH /balloon/statistics).
+        #[arg(long, value_name = "SECS")]
+        stats_interval_s: Option<u32>,
+    },
+    /// Show the guest's memory statistics and the balloon's size (GET /balloon/statistics).
+    BalloonStats(Sock),
     /// Start COUNT VMs from a snapshot directory (`densevm vm snapshot`), each a `densevm run
     /// --restore` process with its sockets and console file in the directory; they map its
     /// memory file copy-on-write, so pages none of them writes exist once in the page cache.
@@ -68,6 +83,14 @@ enum VmCommand {
         #[arg(long)]
         json: bool,
     },
+}
+
+fn on(b: bool) -> &'static str {
+    if b {
+        "on"
+    } else {
+        "off"
+    }
 }
 
 fn done(json: bool, doc: serde_json::Value, human: String) -> anyhow::Result<i32> {
@@ -139,6 +162,47 @@ pub fn main(args: VmArgs) -> anyhow::Result<i32> {
                 json!({"clones": list.clones, "ms": ms, "running_ms": running_ms}),
                 human,
             )
+        }
+        VmCommand::Balloon {
+            sock,
+            amount_mib,
+            stats_interval_s,
+        } => {
+            let client = ApiClient::new(&sock.api_sock);
+            if let Some(mib) = amount_mib {
+                client.set_balloon_target(mib)?;
+            }
+            if let Some(s) = stats_interval_s {
+                client.set_balloon_stats_interval(s)?;
+            }
+            let b = client.balloon()?;
+            let human = format!(
+                "balloon: target {} MiB, guest reached {} MiB ({} of {} pages); deflate_on_oom {}, free page reporting {}, statistics every {} s",
+                b.amount_mib,
+                b.actual_mib,
+                b.actual_pages,
+                b.target_pages,
+                on(b.deflate_on_oom),
+                on(b.free_page_reporting),
+                b.stats_polling_interval_s
+            );
+            done(sock.json, serde_json::to_value(b)?, human)
+        }
+        VmCommand::BalloonStats(s) => {
+            let st = ApiClient::new(&s.api_sock).balloon_stats()?;
+            let mib = |v: Option<u64>| v.map_or("-".to_string(), |b| format!("{} MiB", b >> 20));
+            let human = format!(
+                "balloon: target {} MiB, actual {} MiB\nguest: total {}, free {}, available {}, caches {}, major faults {}, swap in {}",
+                st.target_mib,
+                st.actual_mib,
+                mib(st.total_memory),
+                mib(st.free_memory),
+                mib(st.available_memory),
+                mib(st.disk_caches),
+                st.major_faults.map_or("-".into(), |n| n.to_string()),
+                mib(st.swap_in),
+            );
+            done(s.json, serde_json::to_value(st)?, human)
         }
         VmCommand::CloneFrom {
             snapshot,

@@ -1,5 +1,5 @@
 //! The per-VM API socket of `densevm run --api-sock`: maps API requests onto the VM's
-//! control handle, and starts clone processes.
+//! control handle and its balloon (`cmd/balloon.rs`), and starts clone processes.
 
 use crate::cmd::clones::{template_hook, Starting};
 use densevm_api::request::ApiRequest;
@@ -28,6 +28,7 @@ pub fn serve(
     specs: crate::cmd::devices::DeviceSpecs,
     disk_handles: Vec<BackendHandle>,
     pmem: crate::cmd::pmem::PmemRegions,
+    balloon: Option<crate::cmd::balloon::BalloonApi>,
 ) -> anyhow::Result<ApiServerHandle> {
     let server = ApiServer::bind(path)?;
     // Where each writable disk's top image is now (it moves to an overlay at every clone).
@@ -112,17 +113,13 @@ pub fn serve(
                     }
                 }
             }
-            // Parsed and typed so clients and the fleet daemon can be written against
-            // them; the balloon device (issue #12) is not wired in yet.
-            ApiRequest::PutBalloon(_)
+            request @ (ApiRequest::PutBalloon(_)
             | ApiRequest::PatchBalloon(_)
             | ApiRequest::GetBalloon
             | ApiRequest::GetBalloonStats
-            | ApiRequest::PatchBalloonStats(_) => ApiResponse::error(
-                400,
-                "no balloon device: this densevm build has no virtio-balloon yet, so the \
-                 /balloon routes cannot act (the fleet daemon leaves such VMs alone)",
-            ),
+            | ApiRequest::PatchBalloonStats(_)) => {
+                crate::cmd::balloon::answer(balloon.as_ref(), request)
+            }
         }
     };
     Ok(server.spawn(Box::new(handler))?)

@@ -2,6 +2,7 @@
 
 use super::ram::{create_ram_file, matches_template, remap, write_memory, write_windows, RamFile};
 use super::{RegionRecord, SnapshotState, MEMORY_FILE, STATE_FILE};
+use crate::balloon::lock_ram;
 use crate::control::{ControlError, ControlRequest, RunState, SnapshotInfo, Template};
 use crate::persist::{self, HostCpu};
 use crate::vmm::Vmm;
@@ -186,6 +187,7 @@ impl Vmm {
             pci,
             virtio,
             device_specs: self.device_specs.clone(),
+            balloon: self.balloon.as_ref().map(|b| b.config),
         })
     }
 
@@ -201,7 +203,8 @@ impl Vmm {
         let state = self.capture_state()?;
         let out =
             File::create(dir.join(MEMORY_FILE)).map_err(failed("creating the memory file"))?;
-        let memory_bytes = write_memory(self.memory.regions(), &self.ram, &out)
+        // The devices are quiesced (no balloon release runs): the lock is free.
+        let memory_bytes = write_memory(self.memory.regions(), &lock_ram(&self.ram), &out)
             .map_err(failed("writing guest memory"))?;
         out.sync_all().map_err(failed("syncing the memory file"))?;
         Self::write_state_file(dir, &state)?;
@@ -226,9 +229,14 @@ impl Vmm {
         prepare_dir(dir)?;
         let state = self.capture_state()?;
         tracing::debug!("template: state captured after {:?}", t0.elapsed());
-        let unchanged = matches_template(self.memory.regions(), &self.ram)
+        // Held until RAM is remapped and `ram` describes the new mapping: a balloon release
+        // in between would punch a hole into the file the clones are about to map. (The
+        // devices are quiesced, so no release waits for it now; see crate::balloon.)
+        let shared_ram = self.ram.clone();
+        let mut ram = lock_ram(&shared_ram);
+        let unchanged = matches_template(self.memory.regions(), &ram)
             .map_err(failed("reading the page map of guest RAM"))?;
-        let file = match (&self.ram.file, self.ram.shared) {
+        let file = match (&ram.file, ram.shared) {
             (Some(file), true) => {
                 write_windows(self.memory.regions(), file)
                     .map_err(failed("copying the boot-image windows into the template"))?;
@@ -239,7 +247,7 @@ impl Vmm {
             _ => {
                 let file = create_ram_file(self.memory.end())
                     .map_err(failed("creating a RAM file for the template"))?;
-                write_memory(self.memory.regions(), &self.ram, &file)
+                write_memory(self.memory.regions(), &ram, &file)
                     .map_err(failed("copying guest memory into the template"))?;
                 Arc::new(file)
             }
@@ -270,7 +278,8 @@ impl Vmm {
                 return Err(failed("freezing guest RAM (the VM is stopped)")(e));
             }
         }
-        self.ram = RamFile::new(Some(file), false);
+        *ram = RamFile::new(Some(file), false);
+        drop(ram);
         tracing::debug!("template: RAM frozen after {:?}", t0.elapsed());
         hooked.map_err(ControlError::Failed)?;
         // The hook may have moved external regions onto new images (clones' overlays):

@@ -12,7 +12,8 @@
 //! What is saved: every vCPU ([`crate::persist::VcpuState`]), the in-kernel irqchip, PIT
 //! and clock ([`crate::persist::VmState`]), the UART and CMOS, and the memory layout with
 //! every region's contents (RAM and the boot-image windows), the PCI root and every
-//! virtio-pci function (transport, queues, MSI-X, each device's state). External (`--pmem`)
+//! virtio-pci function (transport, queues, MSI-X, each device's state), and how the VMM
+//! created its own balloon device. External (`--pmem`)
 //! regions are saved by reference: their place in the layout, flushed images that the
 //! caller opens again (a clone: its own overlay) and hands to the restore.
 
@@ -77,4 +78,9 @@ pub struct SnapshotState {
     pub virtio: Vec<VirtioPciState>,
     /// How the VMM's caller opened the virtio devices (`VmConfig::device_specs`).
     pub device_specs: serde_json::Value,
+    /// How the VMM created its balloon device (`VmConfig::balloon`), if the VM has one: a
+    /// restore creates it alike after the caller's devices (the last virtio function),
+    /// then applies its saved state (target, `actual`, statistics interval).
+    #[serde(default)]
+    pub balloon: Option<densevm_virtio::balloon::BalloonConfig>,
 }

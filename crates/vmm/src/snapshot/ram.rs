@@ -309,9 +309,33 @@ impl RamFile {
             return Err(io::Error::last_os_error());
         }
         if self.file.is_some() && !self.shared {
-            self.discarded.push((gpa, len));
+            self.remember_discard(gpa, len);
         }
         Ok(())
+    }
+
+    /// Adds `[gpa, gpa + len)` to the discarded ranges, kept sorted and merged: a guest
+    /// that reports the same free blocks again and again (free page reporting does) never
+    /// grows the list, which holds at most one entry per distinct range.
+    fn remember_discard(&mut self, gpa: u64, len: u64) {
+        let (mut start, mut end) = (gpa, gpa + len);
+        // The first range that ends at or after `start` (sorted and disjoint: ends too).
+        let first = self.discarded.partition_point(|&(g, l)| g + l < start);
+        let mut last = first;
+        while let Some(&(g, l)) = self.discarded.get(last) {
+            if g > end {
+                break;
+            }
+            start = start.min(g);
+            end = end.max(g + l);
+            last += 1;
+        }
+        self.discarded.splice(first..last, [(start, end - start)]);
+    }
+
+    /// The ranges discarded over a template, sorted and merged.
+    pub fn discarded(&self) -> &[(u64, u64)] {
+        &self.discarded
     }
 }
 
@@ -638,6 +662,29 @@ mod tests {
             );
         }
         std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// Discarded ranges stay sorted and merged however they arrive.
+    #[test]
+    fn discarded_ranges_are_merged() {
+        let mut ram = RamFile::new(None, false);
+        for (g, l) in [
+            (0x10000, 0x1000),
+            (0x30000, 0x1000),
+            (0x10000, 0x1000),
+            (0x20000, 0x1000),
+            (0x11000, 0x2000),
+            (0x0, 0x1000),
+            (0x1f000, 0x12000),
+        ] {
+            ram.remember_discard(g, l);
+        }
+        assert_eq!(
+            ram.discarded(),
+            &[(0x0, 0x1000), (0x10000, 0x3000), (0x1f000, 0x12000)]
+        );
+        ram.remember_discard(0x0, 0x40000);
+        assert_eq!(ram.discarded(), &[(0x0, 0x40000)]);
     }
 
     fn rw_file(path: &std::path::Path) -> File {

@@ -57,6 +57,9 @@ pub(crate) fn check_state(state: &SnapshotState) -> Result<(), String> {
     if state.regions.iter().all(|r| !is_ram(&r.name)) {
         return Err("the saved layout has no RAM region".into());
     }
+    if state.balloon.is_some() && !state.linux {
+        return Err("a balloon device saved for a guest without PCI (the probe)".into());
+    }
     Ok(())
 }
 
@@ -155,7 +158,23 @@ pub fn build_restored(
     specs.extend(crate::external::region_specs(&external, &placed));
     let memory = GuestMemory::new(specs)?;
     let parts = crate::external::attach(&external, &placed, &memory, state.linux);
-    let devices: Vec<_> = parts.devices.into_iter().chain(devices).collect();
+    let mut devices: Vec<_> = parts.devices.into_iter().chain(devices).collect();
+    // The RAM is private over the memory file (or template): a balloon release maps zeros
+    // over the range and remembers it (`RamFile::discard`).
+    let ram = Arc::new(std::sync::Mutex::new(RamFile::new(
+        Some(file.clone()),
+        false,
+    )));
+    let balloon = match &state.balloon {
+        Some(config) => {
+            let (device, balloon) =
+                crate::balloon::create(config, state.memory_bytes, memory.regions(), ram.clone())
+                    .map_err(|e| bad(&dir, e))?;
+            devices.push(Box::new(device));
+            Some(balloon)
+        }
+        None => None,
+    };
     let mut vm = Vm::new()?;
     vm.register_memory(&memory)?;
     trace.mark("memory_mapped");
@@ -223,7 +242,6 @@ pub fn build_restored(
     // Devices serve from here: the irqchip and vCPUs that take their interrupts are back.
     manager.resume_virtio();
     trace.mark("vm_ready");
-    let ram = RamFile::new(Some(file), false);
     let mut vmm = finish(
         vm,
         memory,
@@ -237,6 +255,7 @@ pub fn build_restored(
             ram,
             memory_bytes: state.memory_bytes,
             device_specs: state.device_specs,
+            balloon,
         },
     );
     vmm.notify_vmgenid = state.linux;
