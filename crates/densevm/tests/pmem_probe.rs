@@ -10,11 +10,9 @@ use std::path::{Path, PathBuf};
 
 const K: usize = 1024;
 
-fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("densevm-pmem-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A scratch directory for this test, removed when it drops (pass or fail).
+fn tmpdir(name: &str) -> common::TempDir {
+    common::TempDir::new(&format!("pmem-{name}"))
 }
 
 fn image(args: &[&str]) {
@@ -65,7 +63,7 @@ fn sum(out: &str, what: &str) -> u64 {
 
 /// Creates `base.pcow` (16 MiB) in a fresh directory `name` and has the probe write `byte`
 /// over its first `len` bytes; returns the directory and the base's path.
-fn filled_base(name: &str, len: &str, byte: &str) -> (PathBuf, PathBuf) {
+fn filled_base(name: &str, len: &str, byte: &str) -> (common::TempDir, PathBuf) {
     let dir = tmpdir(name);
     let base = dir.join("base.pcow");
     create(&base, "16M", None);
@@ -300,7 +298,7 @@ fn writes_to_copied_up_pages_stop_exiting_once_the_slots_are_refreshed() {
 }
 
 /// Unmounts a scratch tmpfs when dropped.
-struct Tmpfs(PathBuf);
+struct Tmpfs(common::TempDir);
 
 impl Tmpfs {
     /// Mounts a tmpfs of `size` (e.g. "512K") on a fresh directory.
@@ -308,7 +306,7 @@ impl Tmpfs {
         let dir = tmpdir(name);
         let out = std::process::Command::new("mount")
             .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(&dir)
+            .arg(dir.as_os_str())
             .output()
             .expect("run mount");
         assert!(
@@ -322,13 +320,15 @@ impl Tmpfs {
 
 impl Drop for Tmpfs {
     fn drop(&mut self) {
-        let _ = std::process::Command::new("umount").arg(&self.0).status();
+        let _ = std::process::Command::new("umount")
+            .arg(self.0.as_os_str())
+            .status();
     }
 }
 
 #[test]
 fn a_copy_up_that_cannot_be_stored_stops_the_vm_instead_of_dropping_the_write() {
-    let (_, base) = filled_base("enospc-base", "1M", "0x44");
+    let (_dir, base) = filled_base("enospc-base", "1M", "0x44");
     let base_bytes = std::fs::read(&base).unwrap();
     // The overlay lives on a filesystem too small for any copied cluster.
     let full = Tmpfs::mount("enospc", "512K");

@@ -25,11 +25,9 @@ const SLEEP_MS: u64 = 60_000;
 /// Bound on each wait of the test (guest start-up and reads, smaps residency).
 const WAIT: Duration = Duration::from_secs(90);
 
-fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("densevm-share-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    std::fs::canonicalize(&d).unwrap()
+/// A scratch directory for this test, removed when it drops (pass or fail).
+fn tmpdir(name: &str) -> common::TempDir {
+    common::TempDir::new(&format!("share-{name}"))
 }
 
 fn image(args: &[&str]) {

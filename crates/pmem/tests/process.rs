@@ -86,7 +86,8 @@ fn writes_to_a_snapshot_copy_4k_and_rollback_restores() {
 
 #[test]
 fn writes_over_a_base_image_leave_the_base_untouched() {
-    let (base, top) = base_and_top(&tmpdir("base"), 16 * MIB, MIB, 0x44);
+    let scratch = tmpdir("base");
+    let (base, top) = base_and_top(&scratch, 16 * MIB, MIB, 0x44);
     let base_bytes = std::fs::read(&base).unwrap();
     {
         let r = map(&top);
@@ -119,7 +120,8 @@ fn writes_over_a_base_image_leave_the_base_untouched() {
 
 #[test]
 fn copied_up_pages_leave_the_readonly_ranges() {
-    let (base, top) = base_and_top(&tmpdir("readonly-ranges"), 16 * MIB, MIB, 0x44);
+    let scratch = tmpdir("readonly-ranges");
+    let (base, top) = base_and_top(&scratch, 16 * MIB, MIB, 0x44);
     {
         let r = map(&top);
         assert_eq!(r.lower_layer_ranges(), &[(0, MIB)]);
@@ -170,7 +172,8 @@ fn copied_up_pages_leave_the_readonly_ranges() {
 
 #[test]
 fn concurrent_faults_allocate_and_copy_exactly_once() {
-    let (_, top) = base_and_top(&tmpdir("conc"), 32 * MIB, 4 * MIB, 0x77);
+    let scratch = tmpdir("conc");
+    let (_, top) = base_and_top(&scratch, 32 * MIB, 4 * MIB, 0x77);
     const THREADS: u64 = 8;
     let clusters = 8 * MIB / CLUSTER; // half over the base (CoW), half unallocated
     {

@@ -19,13 +19,37 @@ pub const CLUSTER: u64 = 64 << 10;
 /// Host page size, the copy-on-write unit.
 pub const PAGE: u64 = 4096;
 
+/// A scratch directory, removed with everything in it when dropped (images here are tens
+/// of MiB; left behind they filled the disk).
+pub struct ScratchDir(PathBuf);
+
+impl std::ops::Deref for ScratchDir {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for ScratchDir {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// A fresh, empty scratch directory `<temp>/pmem-<pid>-<name>` (emptied first if a previous
-/// run with the same pid left it behind). `name` tells apart the directories of one process.
-pub fn tmpdir(name: &str) -> PathBuf {
+/// run with the same pid left it behind), removed when the guard drops. `name` tells apart
+/// the directories of one process.
+pub fn tmpdir(name: &str) -> ScratchDir {
     let d = std::env::temp_dir().join(format!("pmem-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
-    d
+    ScratchDir(d)
 }
 
 /// Creates a pcow image of `size` bytes with [`CLUSTER`]-sized clusters at `path`, over the
