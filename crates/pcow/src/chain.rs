@@ -141,10 +141,10 @@ impl EpochCache {
     }
 }
 
-fn pack(layer: usize, slot: u64) -> u64 {
+pub(crate) fn pack(layer: usize, slot: u64) -> u64 {
     ((layer as u64) << SLOT_BITS) | slot
 }
-fn unpack(v: u64) -> (usize, u64) {
+pub(crate) fn unpack(v: u64) -> (usize, u64) {
     ((v >> SLOT_BITS) as usize, v & ((1 << SLOT_BITS) - 1))
 }
 
@@ -319,7 +319,7 @@ impl Chain {
             .collect()
     }
 
-    fn top_layer(&self) -> usize {
+    pub(crate) fn top_layer(&self) -> usize {
         self.layers.len() - 1
     }
 
@@ -392,7 +392,12 @@ impl Chain {
         }
     }
 
-    fn read_unit_from(&self, src: UnitSource, buf: &mut [u8], within: u64) -> Result<()> {
+    pub(crate) fn read_unit_from(
+        &self,
+        src: UnitSource,
+        buf: &mut [u8],
+        within: u64,
+    ) -> Result<()> {
         match src {
             UnitSource::Zero => {
                 buf.fill(0);

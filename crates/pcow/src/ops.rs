@@ -317,208 +317,27 @@ impl Chain {
         let live = self.live_epochs()?;
         let img = &mut self.images[0];
         let cur = img.header().current_epoch;
-        let mut freed = 0;
+        let mut dead = Vec::new();
         for slot in 0..img.slot_count() {
             let m = img.slot(slot);
-            let dead = match m.kind {
+            let is_dead = match m.kind {
                 EntryKind::Free => false,
                 EntryKind::Snapshot => m.epoch == cur || !live.contains(&m.epoch),
                 _ => !live.contains(&m.epoch),
             };
-            if dead {
-                img.free_slot(slot)?;
+            if is_dead {
+                dead.push(slot);
                 if m.kind == EntryKind::Snapshot {
                     img.snapshots.remove(&m.epoch);
                 }
-                freed += 1;
             }
         }
-        if freed > 0 {
+        // Every dead entry freed, one flush, then the punches.
+        img.free_slots(&dead)?;
+        if !dead.is_empty() {
             img.storage().flush()?;
         }
-        Ok(freed)
-    }
-
-    /// Copies the top file's data into its base and empties the top file (qemu-img commit).
-    /// The top file must have no visible snapshots; the chain must be opened with
-    /// `writable_bases`. Crash-safe: the top keeps shadowing the base until the base copy
-    /// is flushed, and is emptied only after that.
-    pub fn commit(&mut self, mut progress: impl FnMut(u64, u64)) -> Result<()> {
-        if self.images.len() < 2 {
-            return Err(PcowError::InvalidParameter(
-                "image has no backing file".into(),
-            ));
-        }
-        if !self.snapshot_list().is_empty() {
-            return Err(PcowError::InvalidParameter(
-                "commit needs an image without snapshots (delete them first)".into(),
-            ));
-        }
-        if !self.images[1].is_writable() {
-            return Err(PcowError::ReadOnly(self.images[1].path().to_path_buf()));
-        }
-        let cs = self.cluster_size();
-        let units = self.geometry().units();
-        let top_layers: Vec<usize> = (0..self.layers.len())
-            .filter(|&l| self.layers[l].image == 0)
-            .collect();
-        let mut logicals: Vec<u64> = top_layers
-            .iter()
-            .flat_map(|&l| self.layers[l].index.iter().map(|(k, _)| k))
-            .collect();
-        logicals.sort_unstable();
-        logicals.dedup();
-        // Per unit: Some(None) = zero (tombstone in the top file), Some(Some(off)) = data in
-        // the top file at `off`, None = not held by the top file.
-        let mut plan: Vec<(u64, Vec<Option<Option<u64>>>)> = Vec::new();
-        for &logical in &logicals {
-            let mut per_unit = Vec::with_capacity(units as usize);
-            for u in 0..units {
-                let mut src = None;
-                for &l in top_layers.iter().rev() {
-                    let Some(slot) = self.layers[l].index.get(logical) else {
-                        continue;
-                    };
-                    let img = &self.images[0];
-                    match img.slot(slot).kind {
-                        EntryKind::Zero => {
-                            src = Some(None);
-                            break;
-                        }
-                        EntryKind::Data
-                            if img.bitmap(slot)[(u / 64) as usize] & (1 << (u % 64)) != 0 =>
-                        {
-                            src = Some(Some(img.geometry().data_offset(slot) + u as u64 * 4096));
-                            break;
-                        }
-                        _ => {}
-                    }
-                }
-                per_unit.push(src);
-            }
-            plan.push((logical, per_unit));
-        }
-        let base_images = self.images.split_off(1);
-        let paths = self.paths.clone();
-        let mut base = Chain::from_images(base_images, true)?;
-        let result = (|| -> Result<()> {
-            let mut buf = vec![0u8; 4096];
-            let total = plan.len() as u64;
-            for (i, (logical, per_unit)) in plan.iter().enumerate() {
-                for (u, src) in per_unit.iter().enumerate() {
-                    let start = logical * cs + u as u64 * 4096;
-                    if start >= base.virtual_size() {
-                        break;
-                    }
-                    let n = 4096.min(base.virtual_size() - start) as usize;
-                    match src {
-                        None => continue,
-                        Some(None) => buf.fill(0),
-                        Some(Some(off)) => self.images[0].storage().read_at(&mut buf[..n], *off)?,
-                    }
-                    base.write(start, &buf[..n])?;
-                }
-                progress(i as u64 + 1, total);
-            }
-            base.flush()
-        })();
-        self.images.append(&mut base.images);
-        self.paths = paths;
-        result?;
-        // The base now holds the data: drop the top file's history, then empty it.
-        let img = &mut self.images[0];
-        if img.header().current_parent != 0 {
-            let mut h = img.header().clone();
-            h.current_parent = 0;
-            img.write_header(h)?;
-        }
-        self.collect_garbage()?;
-        let img = &mut self.images[0];
-        for slot in 0..img.slot_count() {
-            if img.slot(slot).kind != EntryKind::Free {
-                img.free_slot(slot)?;
-            }
-        }
-        img.storage().flush()?;
-        self.rebuild()
-    }
-
-    /// Changes the backing file to `new_base` (None = no backing file). Unless `unsafe_mode`,
-    /// first copies into the top every unit whose content would change, so the guest view
-    /// stays the same; the header switch is the commit point.
-    pub fn rebase(
-        &mut self,
-        new_base: Option<(&str, Chain)>,
-        unsafe_mode: bool,
-        mut progress: impl FnMut(u64, u64),
-    ) -> Result<()> {
-        if !self.images[0].is_writable() {
-            return Err(PcowError::ReadOnly(self.images[0].path().to_path_buf()));
-        }
-        if !unsafe_mode && !self.snapshot_list().is_empty() {
-            // Snapshot views also read through the backing file; only the writable view
-            // would be preserved.
-            return Err(PcowError::InvalidParameter(
-                "rebase needs an image without snapshots (delete them first)".into(),
-            ));
-        }
-        let cs = self.cluster_size();
-        let vc = self.virtual_clusters();
-        if !unsafe_mode {
-            let mut old = vec![0u8; 4096];
-            let mut new = vec![0u8; 4096];
-            for logical in 0..vc {
-                for u in 0..self.geometry().units() {
-                    let start = logical * cs + u as u64 * 4096;
-                    if start >= self.virtual_size() {
-                        break;
-                    }
-                    let n = 4096.min(self.virtual_size() - start) as usize;
-                    // Units served by the top file do not depend on the base.
-                    let src = self.resolve_unit(logical, u);
-                    if let crate::chain::UnitSource::File { image: 0, .. } = src {
-                        continue;
-                    }
-                    if self
-                        .lookup(logical)
-                        .is_some_and(|l| l.image == 0 && l.kind == EntryKind::Zero)
-                    {
-                        continue;
-                    }
-                    self.read(start, &mut old[..n])?;
-                    match &new_base {
-                        Some((_, nb)) if start + n as u64 <= nb.virtual_size() => {
-                            nb.read(start, &mut new[..n])?
-                        }
-                        Some((_, nb)) if start < nb.virtual_size() => {
-                            new[..n].fill(0);
-                            let m = (nb.virtual_size() - start) as usize;
-                            nb.read(start, &mut new[..m])?
-                        }
-                        _ => new[..n].fill(0),
-                    }
-                    if old[..n] != new[..n] {
-                        self.write(start, &old[..n])?;
-                    }
-                }
-                progress(logical + 1, vc);
-            }
-            self.flush()?;
-        }
-        let mut h = self.images[0].header().clone();
-        let (name, id, mut new_images) = match new_base {
-            Some((name, nb)) => (name.to_string(), nb.images[0].header().image_id, nb.images),
-            None => (String::new(), [0u8; 16], Vec::new()),
-        };
-        h.backing_name = name;
-        h.backing_id = id;
-        self.images[0].write_header(h)?;
-        self.images.truncate(1);
-        self.paths.truncate(1);
-        self.paths
-            .extend(new_images.iter().map(|i| i.path().to_path_buf()));
-        self.images.append(&mut new_images);
-        self.rebuild()
+        Ok(dead.len() as u64)
     }
 
     /// Moves clusters of the top file into free slots near the start and truncates the file.
