@@ -11,13 +11,13 @@
 //! * non-zero clusters take consecutive slots, so their data is written with one `pwritev`
 //!   per chunk and segment; each meta cluster is built in memory and written once, when its
 //!   segment is complete;
-//! * the header (both slots) is written last, then **one** `fdatasync`, then the temporary
-//!   file is renamed to the destination (`RENAME_NOREPLACE`: an existing destination is never
+//! * data and meta clusters are flushed with **one** `fdatasync`, then the header (both
+//!   slots) is written and flushed, then the temporary file is renamed to the destination (`RENAME_NOREPLACE`: an existing destination is never
 //!   replaced) and the directory is synced.
 //!
-//! A crash before the rename leaves only the temporary file (its name says what it is; it
-//! may lack its header, and `densevm image check` then rejects it); a crash after it leaves
-//! the complete, durable image. The result is an ordinary version 1 image, identical in
+//! A crash before the rename leaves only the temporary file (its name says what it is; until
+//! its header is durable, after everything else, `densevm image check` rejects it as not an
+//! image); a crash after it leaves the complete, durable image. The result is an ordinary version 1 image, identical in
 //! layout to one written cluster by cluster through [`crate::Chain::write`].
 
 use std::fs::File;
@@ -27,8 +27,9 @@ use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use crate::error::{PcowError, Result};
-use crate::format::{Entry, EntryKind, Geometry, HEADER_SLOT_SIZE};
+use crate::format::{Entry, EntryKind, Geometry, Header, HEADER_SLOT_SIZE};
 use crate::ops::{new_header, CreateOptions};
+use crate::storage::{FileStorage, Storage};
 
 /// Source bytes read per `pread` (rounded up to whole clusters).
 const CHUNK: u64 = 8 << 20;
@@ -108,11 +109,9 @@ fn data_extents(file: &File, size: u64) -> Vec<(u64, u64)> {
     out
 }
 
-/// Builds a new image of the current segment's meta cluster and the data runs waiting for
-/// one `pwritev`.
+/// The meta cluster of the current segment, built in memory and written once.
 struct Builder<'a> {
-    file: &'a File,
-    path: &'a Path,
+    out: &'a dyn Storage,
     geo: Geometry,
     full: Vec<u64>,
     /// Meta cluster of the segment of `next_slot` (entries of the slots taken so far).
@@ -140,65 +139,19 @@ impl Builder<'_> {
     }
 
     fn write_meta(&mut self, segment: u64) -> Result<()> {
-        let off = self.geo.meta_offset(segment);
-        self.file
-            .write_all_at(&self.meta, off)
-            .map_err(|e| io_err(self.path, "write", off, e))?;
+        self.out
+            .write_at(&self.meta, self.geo.meta_offset(segment))?;
         self.meta.fill(0);
         Ok(())
     }
 
-    /// Writes `bufs` (the data of consecutive slots starting at `first`, all in one segment).
+    /// Writes `bufs` (the data of consecutive slots from `first`, all in one segment).
     fn write_run(&self, first: u64, bufs: &[&[u8]]) -> Result<()> {
-        let mut off = self.geo.data_offset(first);
-        let max_iov = 1024;
-        for group in bufs.chunks(max_iov) {
-            let mut iov: Vec<libc::iovec> = group
-                .iter()
-                .map(|b| libc::iovec {
-                    iov_base: b.as_ptr() as *mut libc::c_void,
-                    iov_len: b.len(),
-                })
-                .collect();
-            let mut total: usize = group.iter().map(|b| b.len()).sum();
-            let mut iov_at = 0usize;
-            while total > 0 {
-                // SAFETY: every iovec points into a live, immutably borrowed buffer of
-                // `bufs` (`iov_len` bytes); pwritev only reads them.
-                let n = unsafe {
-                    libc::pwritev(
-                        self.file.as_raw_fd(),
-                        iov[iov_at..].as_ptr(),
-                        (iov.len() - iov_at) as libc::c_int,
-                        off as libc::off_t,
-                    )
-                };
-                if n < 0 {
-                    let e = std::io::Error::last_os_error();
-                    if e.kind() == std::io::ErrorKind::Interrupted {
-                        continue;
-                    }
-                    return Err(io_err(self.path, "write", off, e));
-                }
-                let mut n = n as usize;
-                off += n as u64;
-                total -= n;
-                // Skip what was written (a short write may end inside an iovec).
-                while n > 0 {
-                    let v = &mut iov[iov_at];
-                    if n >= v.iov_len {
-                        n -= v.iov_len;
-                        iov_at += 1;
-                    } else {
-                        // SAFETY: advancing inside the same buffer by fewer than its length.
-                        v.iov_base = unsafe { (v.iov_base as *mut u8).add(n) }.cast();
-                        v.iov_len -= n;
-                        n = 0;
-                    }
-                }
-            }
+        if bufs.is_empty() {
+            return Ok(());
         }
-        Ok(())
+        self.out
+            .write_vectored_at(bufs, self.geo.data_offset(first))
     }
 }
 
@@ -224,7 +177,6 @@ pub fn import_raw(
         },
         [0; 16],
     )?;
-    let geo = Geometry::new(header.cluster_bits)?;
     if dst.symlink_metadata().is_ok() {
         return Err(io_err(
             dst,
@@ -234,13 +186,8 @@ pub fn import_raw(
         ));
     }
     let tmp = temp_path(dst);
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .open(&tmp)
-        .map_err(|e| io_err(&tmp, "create", 0, e))?;
-    let result = build(&input, src, size, &file, &tmp, geo, &header, &mut progress)
+    let out = FileStorage::create(&tmp)?;
+    let result = import_into(&input, src, size, &out, &header, &mut progress)
         .and_then(|stats| publish(&tmp, dst).map(|_| stats));
     if result.is_err() {
         let _ = std::fs::remove_file(&tmp);
@@ -248,23 +195,24 @@ pub fn import_raw(
     result
 }
 
-#[allow(clippy::too_many_arguments)]
-fn build(
+/// Writes the image of the raw file `input` (`size` bytes; `src` names it in errors) with
+/// header `header` into the empty storage `out`: data and meta clusters, flush, then the
+/// header (both slots), flush. Until the last write the storage holds no valid header, so a
+/// crash anywhere leaves a file that does not open as an image or the complete image.
+pub fn import_into(
     input: &File,
     src: &Path,
     size: u64,
-    file: &File,
-    path: &Path,
-    geo: Geometry,
-    header: &crate::format::Header,
+    out: &dyn Storage,
+    header: &Header,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<ImportStats> {
+    let geo = Geometry::new(header.cluster_bits)?;
     let cs = geo.cluster_size();
     // SAFETY: posix_fadvise on a descriptor we own; advisory only.
     unsafe { libc::posix_fadvise(input.as_raw_fd(), 0, 0, libc::POSIX_FADV_SEQUENTIAL) };
     let mut b = Builder {
-        file,
-        path,
+        out,
         geo,
         full: geo.full_bitmap(),
         meta: vec![0u8; cs as usize],
@@ -294,7 +242,6 @@ fn build(
                 if is_zero(cl) {
                     continue;
                 }
-                let logical = at / cs + i as u64;
                 let slot = b.next_slot;
                 if slot > 0 && slot % geo.entries_per_meta == 0 {
                     // A new segment starts: its data is not contiguous with the previous one.
@@ -303,7 +250,7 @@ fn build(
                     run_first = slot;
                     b.write_meta(b.segment_of(slot - 1))?;
                 }
-                b.add_entry(slot, logical);
+                b.add_entry(slot, at / cs + i as u64);
                 run.push(cl);
                 b.next_slot += 1;
             }
@@ -317,17 +264,18 @@ fn build(
     if b.next_slot > 0 {
         b.write_meta(b.segment_of(b.next_slot - 1))?;
     } else {
-        file.set_len(cs)
-            .map_err(|e| io_err(path, "truncate", cs, e))?;
+        out.set_len(cs)?;
     }
-    // The header last (both slots, as at create), then the one flush.
+    // Everything else durable first, then the header (both slots, as at create), durable.
+    out.flush()?;
+    // Both slots in one 4 KiB write; a crash that tears it leaves one valid slot (the image
+    // is complete; check reports the other slot as an interrupted header update).
     let h = header.encode();
-    for slot in 0..2u64 {
-        file.write_all_at(&h, slot * HEADER_SLOT_SIZE as u64)
-            .map_err(|e| io_err(path, "write", 0, e))?;
-    }
-    file.sync_data()
-        .map_err(|e| io_err(path, "fdatasync", 0, e))?;
+    let mut both = vec![0u8; 2 * HEADER_SLOT_SIZE];
+    both[..HEADER_SLOT_SIZE].copy_from_slice(&h);
+    both[HEADER_SLOT_SIZE..].copy_from_slice(&h);
+    out.write_at(&both, 0)?;
+    out.flush()?;
     progress(size, size);
     Ok(stats)
 }
