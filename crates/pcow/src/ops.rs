@@ -188,8 +188,9 @@ impl Chain {
         self.rebuild()
     }
 
-    /// Deletes snapshot `name`. Its clusters still needed by later states are kept (moved
-    /// into the writable epoch when that is the only child), the rest are freed.
+    /// Deletes snapshot `name`. Its clusters still needed by later states are kept: a
+    /// deleted snapshot with exactly one child (the writable epoch or another snapshot,
+    /// visible or deleted) is merged into that child; the rest are freed.
     pub fn snapshot_delete(&mut self, name: &str) -> Result<()> {
         let snap = self.find_snapshot(name)?;
         let img = &mut self.images[0];
@@ -210,93 +211,153 @@ impl Chain {
         if let Some(s) = img.snapshots.get_mut(&s_epoch) {
             s.hidden = true;
         }
-        // 2. If the writable epoch is its only child, move its still-visible clusters there.
-        let children: Vec<u32> = img
-            .snapshots
-            .values()
-            .filter(|s| s.record.parent == s_epoch)
-            .map(|s| s.record.epoch)
-            .chain((img.header().current_parent == s_epoch).then_some(img.header().current_epoch))
-            .collect();
-        let cur = img.header().current_epoch;
-        if children == [cur] {
-            let cur_has: HashMap<u64, u64> = (0..img.slot_count())
-                .filter(|&s| {
-                    let m = img.slot(s);
-                    m.epoch == cur && matches!(m.kind, EntryKind::Data | EntryKind::Zero)
-                })
-                .map(|s| (img.slot(s).logical, s))
-                .collect();
-            let geo = img.geometry();
-            let mut unit = vec![0u8; crate::format::UNIT_SIZE as usize];
-            for slot in 0..img.slot_count() {
-                let m = img.slot(slot);
-                if m.epoch != s_epoch || !matches!(m.kind, EntryKind::Data | EntryKind::Zero) {
-                    continue;
-                }
-                match cur_has.get(&m.logical) {
-                    None => {
-                        // Move it: relabel the entry into the writable epoch.
-                        let bm = img.bitmap(slot).to_vec();
-                        img.write_entry(slot, m.kind, cur, m.logical, &bm)?;
-                    }
-                    Some(&cs) => {
-                        // Units the writable cluster still reads from this snapshot are
-                        // copied up first (data, flush, bitmap), then the slot is freed.
-                        let cm = img.slot(cs);
-                        if cm.kind == EntryKind::Data && m.kind == EntryKind::Data {
-                            let mut cbm = img.bitmap(cs).to_vec();
-                            let sbm = img.bitmap(slot).to_vec();
-                            let mut copied = false;
-                            for u in 0..geo.units() {
-                                let (w, b) = ((u / 64) as usize, 1u64 << (u % 64));
-                                if cbm[w] & b == 0 && sbm[w] & b != 0 {
-                                    let off = u as u64 * crate::format::UNIT_SIZE;
-                                    img.read_data(slot, off, &mut unit)?;
-                                    img.write_data(cs, off, &unit)?;
-                                    cbm[w] |= b;
-                                    copied = true;
-                                }
-                            }
-                            if copied {
-                                img.storage().flush()?;
-                                img.write_entry(cs, EntryKind::Data, cur, cm.logical, &cbm)?;
-                                img.storage().flush()?;
-                            }
-                        } else if cm.kind == EntryKind::Data && m.kind == EntryKind::Zero {
-                            // Units not held by the writable cluster read zeros via the
-                            // tombstone: they are zero-filled and marked valid.
-                            let mut cbm = img.bitmap(cs).to_vec();
-                            let zero_unit = vec![0u8; crate::format::UNIT_SIZE as usize];
-                            for u in 0..geo.units() {
-                                let (w, b) = ((u / 64) as usize, 1u64 << (u % 64));
-                                if cbm[w] & b == 0 {
-                                    img.write_data(
-                                        cs,
-                                        u as u64 * crate::format::UNIT_SIZE,
-                                        &zero_unit,
-                                    )?;
-                                    cbm[w] |= b;
-                                }
-                            }
-                            img.storage().flush()?;
-                            img.write_entry(cs, EntryKind::Data, cur, cm.logical, &cbm)?;
-                            img.storage().flush()?;
-                        }
-                        img.free_slot(slot)?;
-                    }
-                }
-            }
-            img.storage().flush()?;
-            let mut nh = img.header().clone();
-            nh.current_parent = snap.record.parent;
-            img.write_header(nh)?;
-            img.free_slot(snap.slot)?;
-            img.snapshots.remove(&s_epoch);
-            img.storage().flush()?;
-        }
+        // 2. Every deleted snapshot with a single child is merged into it.
+        self.merge_hidden()?;
         self.collect_garbage()?;
         self.rebuild()
+    }
+
+    /// Merges deleted (hidden) snapshots that have exactly one child into that child, until
+    /// none is left. Every step preserves every visible state.
+    fn merge_hidden(&mut self) -> Result<()> {
+        loop {
+            let img = &self.images[0];
+            let (cur, cur_parent) = (img.header().current_epoch, img.header().current_parent);
+            let found = img.snapshots.values().filter(|s| s.hidden).find_map(|s| {
+                let e = s.record.epoch;
+                let children: Vec<u32> = img
+                    .snapshots
+                    .values()
+                    .filter(|c| c.record.parent == e)
+                    .map(|c| c.record.epoch)
+                    .chain((cur_parent == e).then_some(cur))
+                    .collect();
+                (children.len() == 1).then(|| (s.clone(), children[0]))
+            });
+            let Some((snap, child)) = found else {
+                return Ok(());
+            };
+            self.merge_epoch_into(snap.record.epoch, child)?;
+            let img = &mut self.images[0];
+            img.storage().flush()?;
+            if child == cur {
+                let mut nh = img.header().clone();
+                nh.current_parent = snap.record.parent;
+                img.write_header(nh)?;
+            } else {
+                self.relink(child, snap.record.parent)?;
+            }
+            let img = &mut self.images[0];
+            img.free_slot(snap.slot)?;
+            img.snapshots.remove(&snap.record.epoch);
+            img.storage().flush()?;
+        }
+    }
+
+    /// Points snapshot `epoch`'s record at parent `parent` (the grandparent, once the parent
+    /// is merged into it): the new record goes to a fresh slot (data, flush, entry, flush),
+    /// then the old record's slot is freed. A crash in between leaves two records for the
+    /// epoch that differ only in the parent, both valid (the old parent is empty and still
+    /// recorded); the one in the lower slot is used and the other is a leak (docs/pcow.md §5).
+    fn relink(&mut self, epoch: u32, parent: u32) -> Result<()> {
+        let img = &mut self.images[0];
+        let Some(old) = img.snapshots.get(&epoch).cloned() else {
+            return Err(img.inconsistent(format!("no snapshot record for epoch {epoch}")));
+        };
+        let mut record = old.record.clone();
+        record.parent = parent;
+        let slot = img.take_slot(false)?;
+        img.write_data(slot, 0, &record.encode())?;
+        img.storage().flush()?;
+        let zero = vec![0u64; img.geometry().bitmap_words()];
+        let flags = if old.hidden { SNAPSHOT_HIDDEN } else { 0 };
+        img.write_entry(slot, EntryKind::Snapshot, epoch, flags, &zero)?;
+        img.storage().flush()?;
+        img.free_slot(old.slot)?;
+        img.snapshots.insert(
+            epoch,
+            SnapshotInfo {
+                slot,
+                hidden: old.hidden,
+                record,
+            },
+        );
+        Ok(())
+    }
+
+    /// Moves the clusters of epoch `from` (a deleted snapshot) into its only child `to`:
+    /// an entry `to` lacks is relabelled; otherwise the units `to` still reads from `from`
+    /// are copied into `to`'s cluster (data, flush, entry, flush) and `from`'s slot is freed.
+    fn merge_epoch_into(&mut self, from: u32, to: u32) -> Result<()> {
+        let img = &mut self.images[0];
+        let to_has: HashMap<u64, u64> = (0..img.slot_count())
+            .filter(|&s| {
+                let m = img.slot(s);
+                m.epoch == to && matches!(m.kind, EntryKind::Data | EntryKind::Zero)
+            })
+            .map(|s| (img.slot(s).logical, s))
+            .collect();
+        let geo = img.geometry();
+        let mut unit = vec![0u8; crate::format::UNIT_SIZE as usize];
+        for slot in 0..img.slot_count() {
+            let m = img.slot(slot);
+            if m.epoch != from || !matches!(m.kind, EntryKind::Data | EntryKind::Zero) {
+                continue;
+            }
+            match to_has.get(&m.logical) {
+                None => {
+                    // Move it: relabel the entry into the child epoch.
+                    let bm = img.bitmap(slot).to_vec();
+                    img.write_entry(slot, m.kind, to, m.logical, &bm)?;
+                }
+                Some(&cs) => {
+                    // Units the child's cluster still reads from `from` are copied up first
+                    // (data, flush, bitmap), then the slot is freed.
+                    let cm = img.slot(cs);
+                    if cm.kind == EntryKind::Data && m.kind == EntryKind::Data {
+                        let mut cbm = img.bitmap(cs).to_vec();
+                        let sbm = img.bitmap(slot).to_vec();
+                        let mut copied = false;
+                        for u in 0..geo.units() {
+                            let (w, b) = ((u / 64) as usize, 1u64 << (u % 64));
+                            if cbm[w] & b == 0 && sbm[w] & b != 0 {
+                                let off = u as u64 * crate::format::UNIT_SIZE;
+                                img.read_data(slot, off, &mut unit)?;
+                                img.write_data(cs, off, &unit)?;
+                                cbm[w] |= b;
+                                copied = true;
+                            }
+                        }
+                        if copied {
+                            img.storage().flush()?;
+                            img.write_entry(cs, EntryKind::Data, to, cm.logical, &cbm)?;
+                            img.storage().flush()?;
+                        }
+                    } else if cm.kind == EntryKind::Data && m.kind == EntryKind::Zero {
+                        // Units not held by the child's cluster read zeros via the
+                        // tombstone: they are zero-filled and marked valid.
+                        let mut cbm = img.bitmap(cs).to_vec();
+                        let zero_unit = vec![0u8; crate::format::UNIT_SIZE as usize];
+                        for u in 0..geo.units() {
+                            let (w, b) = ((u / 64) as usize, 1u64 << (u % 64));
+                            if cbm[w] & b == 0 {
+                                img.write_data(
+                                    cs,
+                                    u as u64 * crate::format::UNIT_SIZE,
+                                    &zero_unit,
+                                )?;
+                                cbm[w] |= b;
+                            }
+                        }
+                        img.storage().flush()?;
+                        img.write_entry(cs, EntryKind::Data, to, cm.logical, &cbm)?;
+                        img.storage().flush()?;
+                    }
+                    img.free_slot(slot)?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Epochs of the top file still reachable from the writable epoch or a visible snapshot.

@@ -142,6 +142,15 @@ fn every_crash_point_of_commit_rebase_and_merge_with_snapshots_recovers() {
             s.snapshots.remove("s2");
         },
     );
+    // Both deleted snapshots were merged away: only s3's record is left, and nothing leaks.
+    let records = chain.images()[0].snapshots();
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(records[0].record.name, "s3");
+    let report = chain.check();
+    assert!(
+        report.leaks.is_empty() && report.corruptions.is_empty(),
+        "{report:?}"
+    );
     drop(chain);
     let checked = check_steps(&steps, &rec.ops(), &top_rec, &base_rec);
     assert!(checked > 100, "only {checked} crash points were checked");
