@@ -25,14 +25,16 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::sync::mpsc;
 
 use crate::error::{PcowError, Result};
 use crate::format::{Entry, EntryKind, Geometry, Header, HEADER_SLOT_SIZE};
 use crate::ops::{new_header, CreateOptions};
 use crate::storage::{FileStorage, Storage};
 
-/// Source bytes read per `pread` (rounded up to whole clusters).
-const CHUNK: u64 = 8 << 20;
+/// Source bytes read per `pread` (rounded up to whole clusters): small enough that the
+/// chunk is still in cache when it is zero-tested and written out.
+const CHUNK: u64 = 1 << 20;
 
 /// What [`import_raw`] wrote.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -150,8 +152,13 @@ impl Builder<'_> {
         if bufs.is_empty() {
             return Ok(());
         }
-        self.out
-            .write_vectored_at(bufs, self.geo.data_offset(first))
+        let at = self.geo.data_offset(first);
+        self.out.write_vectored_at(bufs, at)?;
+        // Writeback starts now, overlapping the rest of the copy; the final flush then waits
+        // only for the last chunks.
+        let len: usize = bufs.iter().map(|b| b.len()).sum();
+        self.out.start_writeback(at, len as u64);
+        Ok(())
     }
 }
 
@@ -219,47 +226,57 @@ pub fn import_into(
         next_slot: 0,
     };
     let chunk = CHUNK.div_ceil(cs) * cs;
-    let mut buf = vec![0u8; chunk as usize];
     let mut stats = ImportStats {
         virtual_size: size,
         ..Default::default()
     };
-    // Next logical cluster not yet looked at (extents are widened to whole clusters).
-    let mut next_cluster = 0u64;
-    for (start, end) in data_extents(input, size) {
-        let mut at = (start / cs).max(next_cluster) * cs;
-        let end = end.div_ceil(cs) * cs;
-        while at < end && at < size {
-            let n = (end - at).min(chunk).min(size - at) as usize;
-            let want = n.div_ceil(cs as usize) * cs as usize;
-            read_full(input, src, &mut buf[..n], at)?;
-            buf[n..want].fill(0);
-            stats.bytes_read += n as u64;
-            // Data clusters of this chunk, as runs of consecutive slots within one segment.
-            let mut run: Vec<&[u8]> = Vec::new();
-            let mut run_first = b.next_slot;
-            for (i, cl) in buf[..want].chunks_exact(cs as usize).enumerate() {
-                if is_zero(cl) {
-                    continue;
-                }
-                let slot = b.next_slot;
-                if slot > 0 && slot % geo.entries_per_meta == 0 {
-                    // A new segment starts: its data is not contiguous with the previous one.
-                    b.write_run(run_first, &run)?;
-                    run.clear();
-                    run_first = slot;
-                    b.write_meta(b.segment_of(slot - 1))?;
-                }
-                b.add_entry(slot, at / cs + i as u64);
-                run.push(cl);
-                b.next_slot += 1;
-            }
-            b.write_run(run_first, &run)?;
-            at += n as u64;
-            next_cluster = at.div_ceil(cs);
-            progress(at, size);
-        }
+    // Two stages on two threads: a reader fills chunks and finds their non-zero clusters,
+    // this thread writes them (the copies into and out of the page cache overlap).
+    let (full_tx, full_rx) = mpsc::sync_channel::<Chunk>(BUFFERS - 1);
+    let (free_tx, free_rx) = mpsc::channel::<Vec<u8>>();
+    for _ in 0..BUFFERS {
+        free_tx
+            .send(vec![0u8; chunk as usize])
+            .expect("receiver alive");
     }
+    let extents = data_extents(input, size);
+    std::thread::scope(|sc| -> Result<()> {
+        let reader =
+            sc.spawn(move || read_chunks(input, src, size, cs, chunk, &extents, full_tx, free_rx));
+        let written = (|| -> Result<()> {
+            for c in full_rx {
+                // Data clusters of this chunk, as runs of consecutive slots within a segment.
+                let mut run: Vec<&[u8]> = Vec::new();
+                let mut run_first = b.next_slot;
+                for &i in &c.nonzero {
+                    let slot = b.next_slot;
+                    if slot > 0 && slot % geo.entries_per_meta == 0 {
+                        // A new segment: its data is not contiguous with the previous one.
+                        b.write_run(run_first, &run)?;
+                        run.clear();
+                        run_first = slot;
+                        b.write_meta(b.segment_of(slot - 1))?;
+                    }
+                    b.add_entry(slot, c.at / cs + i as u64);
+                    let from = i as usize * cs as usize;
+                    run.push(&c.buf[from..from + cs as usize]);
+                    b.next_slot += 1;
+                }
+                b.write_run(run_first, &run)?;
+                drop(run);
+                stats.bytes_read += c.len as u64;
+                progress(c.at + c.len as u64, size);
+                // The reader may have stopped (error): then the buffer is just dropped.
+                let _ = free_tx.send(c.buf);
+            }
+            Ok(())
+        })();
+        // `full_rx` is gone here, so a reader blocked on it stops; its error comes first.
+        let read = reader
+            .join()
+            .unwrap_or_else(|_| Err(PcowError::InvalidParameter("reader panicked".into())));
+        read.and(written)
+    })?;
     stats.data_clusters = b.next_slot;
     if b.next_slot > 0 {
         b.write_meta(b.segment_of(b.next_slot - 1))?;
@@ -278,6 +295,66 @@ pub fn import_into(
     out.flush()?;
     progress(size, size);
     Ok(stats)
+}
+
+/// Chunks in flight between the reader and the writer.
+const BUFFERS: usize = 4;
+
+/// One chunk of the source: `len` bytes at `at` in `buf` (zero-padded to whole clusters)
+/// and the indices of its non-zero clusters.
+struct Chunk {
+    at: u64,
+    len: usize,
+    buf: Vec<u8>,
+    nonzero: Vec<u32>,
+}
+
+/// The reader stage of [`import_into`]: reads the data extents chunk by chunk into buffers
+/// from `free` and sends them, with their non-zero clusters, to `full`.
+#[allow(clippy::too_many_arguments)]
+fn read_chunks(
+    input: &File,
+    src: &Path,
+    size: u64,
+    cs: u64,
+    chunk: u64,
+    extents: &[(u64, u64)],
+    full: mpsc::SyncSender<Chunk>,
+    free: mpsc::Receiver<Vec<u8>>,
+) -> Result<()> {
+    // Next logical cluster not yet looked at (extents are widened to whole clusters).
+    let mut next_cluster = 0u64;
+    for &(start, end) in extents {
+        let mut at = (start / cs).max(next_cluster) * cs;
+        let end = end.div_ceil(cs) * cs;
+        while at < end && at < size {
+            let n = (end - at).min(chunk).min(size - at) as usize;
+            let want = n.div_ceil(cs as usize) * cs as usize;
+            let Ok(mut buf) = free.recv() else {
+                return Ok(()); // the writer stopped; it reports why
+            };
+            read_full(input, src, &mut buf[..n], at)?;
+            buf[n..want].fill(0);
+            let nonzero = buf[..want]
+                .chunks_exact(cs as usize)
+                .enumerate()
+                .filter(|(_, cl)| !is_zero(cl))
+                .map(|(i, _)| i as u32)
+                .collect();
+            let c = Chunk {
+                at,
+                len: n,
+                buf,
+                nonzero,
+            };
+            if full.send(c).is_err() {
+                return Ok(());
+            }
+            at += n as u64;
+            next_cluster = at.div_ceil(cs);
+        }
+    }
+    Ok(())
 }
 
 fn read_full(f: &File, path: &Path, buf: &mut [u8], offset: u64) -> Result<()> {

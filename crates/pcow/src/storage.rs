@@ -25,6 +25,9 @@ pub trait Storage: Send + Sync {
         }
         Ok(())
     }
+    /// Starts writing back `[offset, offset+len)` without waiting (a hint so that a later
+    /// flush has less to wait for; not a durability point). No-op by default.
+    fn start_writeback(&self, _offset: u64, _len: u64) {}
     /// Makes every completed write durable (fdatasync).
     fn flush(&self) -> Result<()>;
     /// Current length in bytes.
@@ -120,6 +123,18 @@ impl Storage for FileStorage {
     }
     fn write_vectored_at(&self, bufs: &[&[u8]], offset: u64) -> Result<()> {
         pwritev_all(&self.file, bufs, offset).map_err(|e| self.err("write", offset, e))
+    }
+    fn start_writeback(&self, offset: u64, len: u64) {
+        // SAFETY: sync_file_range on a descriptor we own, plain integer arguments; the result
+        // is ignored (a hint).
+        unsafe {
+            libc::sync_file_range(
+                self.file.as_raw_fd(),
+                offset as libc::off64_t,
+                len as libc::off64_t,
+                libc::SYNC_FILE_RANGE_WRITE,
+            )
+        };
     }
     fn flush(&self) -> Result<()> {
         self.file
