@@ -9,6 +9,7 @@
 pub mod bulk;
 pub mod chain;
 pub mod check;
+pub mod dax;
 pub mod error;
 pub mod format;
 pub mod image;
