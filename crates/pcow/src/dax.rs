@@ -9,6 +9,10 @@
 //! [`MappedStorage`] implements [`Storage`] this way, so every operation of the crate keeps
 //! its write order; [`Chain::open_with`](crate::Chain::open_with) opens a chain on it
 //! ([`open_mapped`]).
+//!
+//! Not for a chain under the pmem mapping service as it stands: guest stores go through the
+//! service's own `MAP_SHARED` (not `MAP_SYNC`) mappings of clusters, which an `sfence` does
+//! not make durable; there the file's `fdatasync` (a [`FileStorage`] chain) stays the flush.
 
 use std::os::unix::io::RawFd;
 use std::path::{Path, PathBuf};
