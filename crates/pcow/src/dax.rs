@@ -79,14 +79,16 @@ pub unsafe fn write_back(how: LineFlush, ptr: *const u8, len: usize) {
         let mut p = start;
         while p < end {
             match how {
-                // SAFETY (all three): the caller guarantees the line is mapped; these only
-                // write back (or evict) the line, never change memory contents.
+                // SAFETY: the caller guarantees the line is mapped; clwb only writes it back
+                // (the CPU supports it: `line_flush` checked cpuid).
                 LineFlush::Clwb => unsafe {
                     std::arch::asm!("clwb [{0}]", in(reg) p, options(nostack, preserves_flags))
                 },
+                // SAFETY: as above; clflushopt writes back and evicts, contents unchanged.
                 LineFlush::Clflushopt => unsafe {
                     std::arch::asm!("clflushopt [{0}]", in(reg) p, options(nostack, preserves_flags))
                 },
+                // SAFETY: as above; clflush (SSE2, every x86-64 CPU).
                 LineFlush::Clflush => unsafe { std::arch::x86_64::_mm_clflush(p as *const u8) },
                 LineFlush::None => {}
             }

@@ -468,37 +468,6 @@ impl Image {
         Ok(())
     }
 
-    /// Frees several slots with one flush: every `Free` entry, then the flush, then every
-    /// punch (the order of [`Image::free_slot`], batched).
-    pub(crate) fn free_slots(&mut self, slots: &[u64]) -> Result<()> {
-        if slots.is_empty() {
-            return Ok(());
-        }
-        let zero = vec![0u64; self.geo.bitmap_words()];
-        for &slot in slots {
-            self.write_entry(slot, EntryKind::Free, 0, 0, &zero)?;
-        }
-        self.storage.flush()?;
-        let cs = self.geo.cluster_size();
-        let mut sorted = slots.to_vec();
-        sorted.sort_unstable();
-        // Consecutive slots of one segment have adjacent data clusters: one punch per run.
-        let mut i = 0;
-        while i < sorted.len() {
-            let start = self.geo.data_offset(sorted[i]);
-            let mut end = start + cs;
-            let mut j = i + 1;
-            while j < sorted.len() && self.geo.data_offset(sorted[j]) == end {
-                end += cs;
-                j += 1;
-            }
-            self.storage.punch_hole(start, end - start)?;
-            i = j;
-        }
-        self.free.extend(sorted);
-        Ok(())
-    }
-
     /// Reads `buf.len()` bytes at `offset_in_cluster` of physical slot `slot`'s data cluster.
     pub fn read_data(&self, slot: u64, offset_in_cluster: u64, buf: &mut [u8]) -> Result<()> {
         self.storage

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use crate::chain::{Chain, UnitSource};
 use crate::error::{PcowError, Result};
 use crate::format::{EntryKind, UNIT_SIZE};
-use crate::image::is_live;
+use crate::image::{is_live, Image};
 
 /// Bytes copied per batch (one data flush each).
 const BATCH: usize = 32 << 20;
@@ -453,5 +453,38 @@ impl Chain {
             .extend(new_images.iter().map(|i| i.path().to_path_buf()));
         self.images.append(&mut new_images);
         self.rebuild()
+    }
+}
+
+impl Image {
+    /// Frees several slots with one flush: every `Free` entry, then the flush, then every
+    /// punch (the order of [`Image::free_slot`], batched).
+    pub(crate) fn free_slots(&mut self, slots: &[u64]) -> Result<()> {
+        if slots.is_empty() {
+            return Ok(());
+        }
+        let zero = vec![0u64; self.geo.bitmap_words()];
+        for &slot in slots {
+            self.write_entry(slot, EntryKind::Free, 0, 0, &zero)?;
+        }
+        self.storage.flush()?;
+        let cs = self.geo.cluster_size();
+        let mut sorted = slots.to_vec();
+        sorted.sort_unstable();
+        // Consecutive slots of one segment have adjacent data clusters: one punch per run.
+        let mut i = 0;
+        while i < sorted.len() {
+            let start = self.geo.data_offset(sorted[i]);
+            let mut end = start + cs;
+            let mut j = i + 1;
+            while j < sorted.len() && self.geo.data_offset(sorted[j]) == end {
+                end += cs;
+                j += 1;
+            }
+            self.storage.punch_hole(start, end - start)?;
+            i = j;
+        }
+        self.free.extend(sorted);
+        Ok(())
     }
 }
