@@ -3,6 +3,7 @@
 #                     library's model, crash-injection and corpus tests run in `cargo test`.
 #   make bench-pcow   open/map build (1M clusters), snapshot create, convert vs qemu-img
 #                     (docs/benchmarks.md "## pcow"); output also in build/pcow-bench.md
+#   make bench-convert  convert/commit/rebase vs qemu-img, alternated (scripts/bench-convert.sh)
 #   make fuzz-pcow    bounded cargo-fuzz run of the metadata parser (needs cargo-fuzz)
 PCOW_DENSEVM ?= $(abspath $(or $(CARGO_TARGET_DIR),target)/release/densevm)
 PCOW_FUZZ_SECONDS ?= 60
@@ -27,3 +28,12 @@ fuzz-pcow: deps
 
 TEST_TARGETS += test-pcow
 BENCH_TARGETS += bench-pcow
+
+# densevm image convert/commit/rebase vs qemu-img, alternated, medians (scripts/bench-convert.sh;
+# docs/benchmarks.md "### pcow convert, commit, rebase vs qemu-img").
+.PHONY: bench-convert
+bench-convert: build
+	$(CARGO) build --release -p pcow --example bench_overlay
+	DENSEVM=$(PCOW_DENSEVM) OVERLAY=$(abspath $(or $(CARGO_TARGET_DIR),target)/release/examples/bench_overlay) \
+	  DIR=$(CURDIR)/build/bench-convert scripts/bench-convert.sh | tee build/bench-convert.md
+BENCH_TARGETS += bench-convert

@@ -11,6 +11,9 @@ use crate::image::{is_live, Image};
 use crate::map::ClusterMap;
 use crate::storage::{FileStorage, Storage};
 
+/// Makes the storage of one chain file: `(path, writable)`.
+pub type Opener<'a> = dyn Fn(&Path, bool) -> Result<Arc<dyn Storage>> + 'a;
+
 /// Maximum depth of a backing chain.
 pub const MAX_CHAIN_DEPTH: usize = 64;
 
@@ -141,10 +144,10 @@ impl EpochCache {
     }
 }
 
-fn pack(layer: usize, slot: u64) -> u64 {
+pub(crate) fn pack(layer: usize, slot: u64) -> u64 {
     ((layer as u64) << SLOT_BITS) | slot
 }
-fn unpack(v: u64) -> (usize, u64) {
+pub(crate) fn unpack(v: u64) -> (usize, u64) {
     ((v >> SLOT_BITS) as usize, v & ((1 << SLOT_BITS) - 1))
 }
 
@@ -152,6 +155,14 @@ impl Chain {
     /// Opens the image at `path` and its backing chain (backing names are relative to the
     /// directory of the image that names them).
     pub fn open(path: &Path, opts: OpenOptions) -> Result<Chain> {
+        Self::open_with(path, opts, &|p, writable| {
+            Ok(Arc::new(FileStorage::open(p, writable)?) as Arc<dyn Storage>)
+        })
+    }
+
+    /// Like [`Chain::open`], with each file's storage made by `opener(path, writable)`
+    /// (e.g. [`crate::dax::open_mapped`] for the mapped / DAX flush path).
+    pub fn open_with(path: &Path, opts: OpenOptions, opener: &Opener<'_>) -> Result<Chain> {
         let mut images = Vec::new();
         let mut paths = Vec::new();
         let mut current = path.to_path_buf();
@@ -167,7 +178,7 @@ impl Chain {
             } else {
                 opts.writable_bases
             };
-            let storage: Arc<dyn Storage> = Arc::new(FileStorage::open(&current, writable)?);
+            let storage: Arc<dyn Storage> = opener(&current, writable)?;
             let img = Image::open(storage, writable)?;
             let backing = img.header().backing_name.clone();
             let dir = current.parent().map(Path::to_path_buf).unwrap_or_default();
@@ -319,7 +330,7 @@ impl Chain {
             .collect()
     }
 
-    fn top_layer(&self) -> usize {
+    pub(crate) fn top_layer(&self) -> usize {
         self.layers.len() - 1
     }
 
@@ -392,7 +403,12 @@ impl Chain {
         }
     }
 
-    fn read_unit_from(&self, src: UnitSource, buf: &mut [u8], within: u64) -> Result<()> {
+    pub(crate) fn read_unit_from(
+        &self,
+        src: UnitSource,
+        buf: &mut [u8],
+        within: u64,
+    ) -> Result<()> {
         match src {
             UnitSource::Zero => {
                 buf.fill(0);

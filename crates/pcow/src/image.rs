@@ -264,8 +264,13 @@ impl Image {
             match SnapshotRecord::decode(&buf, slot) {
                 Ok(r) if r.epoch == m.epoch && r.epoch < self.header.next_epoch => {
                     if let Some(prev) = self.snapshots.get(&r.epoch) {
+                        // An interrupted relink (§5): same snapshot, only the parent differs;
+                        // both are valid, the lower slot's is used, this one is a leak.
+                        let relink = prev.record.name == r.name
+                            && prev.record.created_ns == r.created_ns
+                            && prev.record.virtual_size == r.virtual_size;
                         self.problems.push(Problem {
-                            corruption: true,
+                            corruption: !relink,
                             slot: Some(slot),
                             what: format!(
                                 "two snapshot records for epoch {} (slot {})",

@@ -6,16 +6,20 @@
 //! builds the logical→physical map, and offers both byte-granular access (tools, tests)
 //! and the cluster-level API a mapping service needs ([`SharedChain`]).
 
+pub mod bulk;
 pub mod chain;
 pub mod check;
+pub mod dax;
 pub mod error;
 pub mod format;
 pub mod image;
 pub mod map;
+mod merge;
 pub mod ops;
 pub mod shared;
 pub mod storage;
 
+pub use bulk::{import_raw, ImportStats};
 pub use chain::{
     AllocInit, Allocation, Chain, ClusterLocation, LayerFile, OpenOptions, UnitSource,
 };

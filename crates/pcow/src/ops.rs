@@ -188,8 +188,9 @@ impl Chain {
         self.rebuild()
     }
 
-    /// Deletes snapshot `name`. Its clusters still needed by later states are kept (moved
-    /// into the writable epoch when that is the only child), the rest are freed.
+    /// Deletes snapshot `name`. Its clusters still needed by later states are kept: a
+    /// deleted snapshot with exactly one child (the writable epoch or another snapshot,
+    /// visible or deleted) is merged into that child; the rest are freed.
     pub fn snapshot_delete(&mut self, name: &str) -> Result<()> {
         let snap = self.find_snapshot(name)?;
         let img = &mut self.images[0];
@@ -210,93 +211,153 @@ impl Chain {
         if let Some(s) = img.snapshots.get_mut(&s_epoch) {
             s.hidden = true;
         }
-        // 2. If the writable epoch is its only child, move its still-visible clusters there.
-        let children: Vec<u32> = img
-            .snapshots
-            .values()
-            .filter(|s| s.record.parent == s_epoch)
-            .map(|s| s.record.epoch)
-            .chain((img.header().current_parent == s_epoch).then_some(img.header().current_epoch))
-            .collect();
-        let cur = img.header().current_epoch;
-        if children == [cur] {
-            let cur_has: HashMap<u64, u64> = (0..img.slot_count())
-                .filter(|&s| {
-                    let m = img.slot(s);
-                    m.epoch == cur && matches!(m.kind, EntryKind::Data | EntryKind::Zero)
-                })
-                .map(|s| (img.slot(s).logical, s))
-                .collect();
-            let geo = img.geometry();
-            let mut unit = vec![0u8; crate::format::UNIT_SIZE as usize];
-            for slot in 0..img.slot_count() {
-                let m = img.slot(slot);
-                if m.epoch != s_epoch || !matches!(m.kind, EntryKind::Data | EntryKind::Zero) {
-                    continue;
-                }
-                match cur_has.get(&m.logical) {
-                    None => {
-                        // Move it: relabel the entry into the writable epoch.
-                        let bm = img.bitmap(slot).to_vec();
-                        img.write_entry(slot, m.kind, cur, m.logical, &bm)?;
-                    }
-                    Some(&cs) => {
-                        // Units the writable cluster still reads from this snapshot are
-                        // copied up first (data, flush, bitmap), then the slot is freed.
-                        let cm = img.slot(cs);
-                        if cm.kind == EntryKind::Data && m.kind == EntryKind::Data {
-                            let mut cbm = img.bitmap(cs).to_vec();
-                            let sbm = img.bitmap(slot).to_vec();
-                            let mut copied = false;
-                            for u in 0..geo.units() {
-                                let (w, b) = ((u / 64) as usize, 1u64 << (u % 64));
-                                if cbm[w] & b == 0 && sbm[w] & b != 0 {
-                                    let off = u as u64 * crate::format::UNIT_SIZE;
-                                    img.read_data(slot, off, &mut unit)?;
-                                    img.write_data(cs, off, &unit)?;
-                                    cbm[w] |= b;
-                                    copied = true;
-                                }
-                            }
-                            if copied {
-                                img.storage().flush()?;
-                                img.write_entry(cs, EntryKind::Data, cur, cm.logical, &cbm)?;
-                                img.storage().flush()?;
-                            }
-                        } else if cm.kind == EntryKind::Data && m.kind == EntryKind::Zero {
-                            // Units not held by the writable cluster read zeros via the
-                            // tombstone: they are zero-filled and marked valid.
-                            let mut cbm = img.bitmap(cs).to_vec();
-                            let zero_unit = vec![0u8; crate::format::UNIT_SIZE as usize];
-                            for u in 0..geo.units() {
-                                let (w, b) = ((u / 64) as usize, 1u64 << (u % 64));
-                                if cbm[w] & b == 0 {
-                                    img.write_data(
-                                        cs,
-                                        u as u64 * crate::format::UNIT_SIZE,
-                                        &zero_unit,
-                                    )?;
-                                    cbm[w] |= b;
-                                }
-                            }
-                            img.storage().flush()?;
-                            img.write_entry(cs, EntryKind::Data, cur, cm.logical, &cbm)?;
-                            img.storage().flush()?;
-                        }
-                        img.free_slot(slot)?;
-                    }
-                }
-            }
-            img.storage().flush()?;
-            let mut nh = img.header().clone();
-            nh.current_parent = snap.record.parent;
-            img.write_header(nh)?;
-            img.free_slot(snap.slot)?;
-            img.snapshots.remove(&s_epoch);
-            img.storage().flush()?;
-        }
+        // 2. Every deleted snapshot with a single child is merged into it.
+        self.merge_hidden()?;
         self.collect_garbage()?;
         self.rebuild()
+    }
+
+    /// Merges deleted (hidden) snapshots that have exactly one child into that child, until
+    /// none is left. Every step preserves every visible state.
+    fn merge_hidden(&mut self) -> Result<()> {
+        loop {
+            let img = &self.images[0];
+            let (cur, cur_parent) = (img.header().current_epoch, img.header().current_parent);
+            let found = img.snapshots.values().filter(|s| s.hidden).find_map(|s| {
+                let e = s.record.epoch;
+                let children: Vec<u32> = img
+                    .snapshots
+                    .values()
+                    .filter(|c| c.record.parent == e)
+                    .map(|c| c.record.epoch)
+                    .chain((cur_parent == e).then_some(cur))
+                    .collect();
+                (children.len() == 1).then(|| (s.clone(), children[0]))
+            });
+            let Some((snap, child)) = found else {
+                return Ok(());
+            };
+            self.merge_epoch_into(snap.record.epoch, child)?;
+            let img = &mut self.images[0];
+            img.storage().flush()?;
+            if child == cur {
+                let mut nh = img.header().clone();
+                nh.current_parent = snap.record.parent;
+                img.write_header(nh)?;
+            } else {
+                self.relink(child, snap.record.parent)?;
+            }
+            let img = &mut self.images[0];
+            img.free_slot(snap.slot)?;
+            img.snapshots.remove(&snap.record.epoch);
+            img.storage().flush()?;
+        }
+    }
+
+    /// Points snapshot `epoch`'s record at parent `parent` (the grandparent, once the parent
+    /// is merged into it): the new record goes to a fresh slot (data, flush, entry, flush),
+    /// then the old record's slot is freed. A crash in between leaves two records for the
+    /// epoch that differ only in the parent, both valid (the old parent is empty and still
+    /// recorded); the one in the lower slot is used and the other is a leak (docs/pcow.md §5).
+    fn relink(&mut self, epoch: u32, parent: u32) -> Result<()> {
+        let img = &mut self.images[0];
+        let Some(old) = img.snapshots.get(&epoch).cloned() else {
+            return Err(img.inconsistent(format!("no snapshot record for epoch {epoch}")));
+        };
+        let mut record = old.record.clone();
+        record.parent = parent;
+        let slot = img.take_slot(false)?;
+        img.write_data(slot, 0, &record.encode())?;
+        img.storage().flush()?;
+        let zero = vec![0u64; img.geometry().bitmap_words()];
+        let flags = if old.hidden { SNAPSHOT_HIDDEN } else { 0 };
+        img.write_entry(slot, EntryKind::Snapshot, epoch, flags, &zero)?;
+        img.storage().flush()?;
+        img.free_slot(old.slot)?;
+        img.snapshots.insert(
+            epoch,
+            SnapshotInfo {
+                slot,
+                hidden: old.hidden,
+                record,
+            },
+        );
+        Ok(())
+    }
+
+    /// Moves the clusters of epoch `from` (a deleted snapshot) into its only child `to`:
+    /// an entry `to` lacks is relabelled; otherwise the units `to` still reads from `from`
+    /// are copied into `to`'s cluster (data, flush, entry, flush) and `from`'s slot is freed.
+    fn merge_epoch_into(&mut self, from: u32, to: u32) -> Result<()> {
+        let img = &mut self.images[0];
+        let to_has: HashMap<u64, u64> = (0..img.slot_count())
+            .filter(|&s| {
+                let m = img.slot(s);
+                m.epoch == to && matches!(m.kind, EntryKind::Data | EntryKind::Zero)
+            })
+            .map(|s| (img.slot(s).logical, s))
+            .collect();
+        let geo = img.geometry();
+        let mut unit = vec![0u8; crate::format::UNIT_SIZE as usize];
+        for slot in 0..img.slot_count() {
+            let m = img.slot(slot);
+            if m.epoch != from || !matches!(m.kind, EntryKind::Data | EntryKind::Zero) {
+                continue;
+            }
+            match to_has.get(&m.logical) {
+                None => {
+                    // Move it: relabel the entry into the child epoch.
+                    let bm = img.bitmap(slot).to_vec();
+                    img.write_entry(slot, m.kind, to, m.logical, &bm)?;
+                }
+                Some(&cs) => {
+                    // Units the child's cluster still reads from `from` are copied up first
+                    // (data, flush, bitmap), then the slot is freed.
+                    let cm = img.slot(cs);
+                    if cm.kind == EntryKind::Data && m.kind == EntryKind::Data {
+                        let mut cbm = img.bitmap(cs).to_vec();
+                        let sbm = img.bitmap(slot).to_vec();
+                        let mut copied = false;
+                        for u in 0..geo.units() {
+                            let (w, b) = ((u / 64) as usize, 1u64 << (u % 64));
+                            if cbm[w] & b == 0 && sbm[w] & b != 0 {
+                                let off = u as u64 * crate::format::UNIT_SIZE;
+                                img.read_data(slot, off, &mut unit)?;
+                                img.write_data(cs, off, &unit)?;
+                                cbm[w] |= b;
+                                copied = true;
+                            }
+                        }
+                        if copied {
+                            img.storage().flush()?;
+                            img.write_entry(cs, EntryKind::Data, to, cm.logical, &cbm)?;
+                            img.storage().flush()?;
+                        }
+                    } else if cm.kind == EntryKind::Data && m.kind == EntryKind::Zero {
+                        // Units not held by the child's cluster read zeros via the
+                        // tombstone: they are zero-filled and marked valid.
+                        let mut cbm = img.bitmap(cs).to_vec();
+                        let zero_unit = vec![0u8; crate::format::UNIT_SIZE as usize];
+                        for u in 0..geo.units() {
+                            let (w, b) = ((u / 64) as usize, 1u64 << (u % 64));
+                            if cbm[w] & b == 0 {
+                                img.write_data(
+                                    cs,
+                                    u as u64 * crate::format::UNIT_SIZE,
+                                    &zero_unit,
+                                )?;
+                                cbm[w] |= b;
+                            }
+                        }
+                        img.storage().flush()?;
+                        img.write_entry(cs, EntryKind::Data, to, cm.logical, &cbm)?;
+                        img.storage().flush()?;
+                    }
+                    img.free_slot(slot)?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Epochs of the top file still reachable from the writable epoch or a visible snapshot.
@@ -317,208 +378,27 @@ impl Chain {
         let live = self.live_epochs()?;
         let img = &mut self.images[0];
         let cur = img.header().current_epoch;
-        let mut freed = 0;
+        let mut dead = Vec::new();
         for slot in 0..img.slot_count() {
             let m = img.slot(slot);
-            let dead = match m.kind {
+            let is_dead = match m.kind {
                 EntryKind::Free => false,
                 EntryKind::Snapshot => m.epoch == cur || !live.contains(&m.epoch),
                 _ => !live.contains(&m.epoch),
             };
-            if dead {
-                img.free_slot(slot)?;
+            if is_dead {
+                dead.push(slot);
                 if m.kind == EntryKind::Snapshot {
                     img.snapshots.remove(&m.epoch);
                 }
-                freed += 1;
             }
         }
-        if freed > 0 {
+        // Every dead entry freed, one flush, then the punches.
+        img.free_slots(&dead)?;
+        if !dead.is_empty() {
             img.storage().flush()?;
         }
-        Ok(freed)
-    }
-
-    /// Copies the top file's data into its base and empties the top file (qemu-img commit).
-    /// The top file must have no visible snapshots; the chain must be opened with
-    /// `writable_bases`. Crash-safe: the top keeps shadowing the base until the base copy
-    /// is flushed, and is emptied only after that.
-    pub fn commit(&mut self, mut progress: impl FnMut(u64, u64)) -> Result<()> {
-        if self.images.len() < 2 {
-            return Err(PcowError::InvalidParameter(
-                "image has no backing file".into(),
-            ));
-        }
-        if !self.snapshot_list().is_empty() {
-            return Err(PcowError::InvalidParameter(
-                "commit needs an image without snapshots (delete them first)".into(),
-            ));
-        }
-        if !self.images[1].is_writable() {
-            return Err(PcowError::ReadOnly(self.images[1].path().to_path_buf()));
-        }
-        let cs = self.cluster_size();
-        let units = self.geometry().units();
-        let top_layers: Vec<usize> = (0..self.layers.len())
-            .filter(|&l| self.layers[l].image == 0)
-            .collect();
-        let mut logicals: Vec<u64> = top_layers
-            .iter()
-            .flat_map(|&l| self.layers[l].index.iter().map(|(k, _)| k))
-            .collect();
-        logicals.sort_unstable();
-        logicals.dedup();
-        // Per unit: Some(None) = zero (tombstone in the top file), Some(Some(off)) = data in
-        // the top file at `off`, None = not held by the top file.
-        let mut plan: Vec<(u64, Vec<Option<Option<u64>>>)> = Vec::new();
-        for &logical in &logicals {
-            let mut per_unit = Vec::with_capacity(units as usize);
-            for u in 0..units {
-                let mut src = None;
-                for &l in top_layers.iter().rev() {
-                    let Some(slot) = self.layers[l].index.get(logical) else {
-                        continue;
-                    };
-                    let img = &self.images[0];
-                    match img.slot(slot).kind {
-                        EntryKind::Zero => {
-                            src = Some(None);
-                            break;
-                        }
-                        EntryKind::Data
-                            if img.bitmap(slot)[(u / 64) as usize] & (1 << (u % 64)) != 0 =>
-                        {
-                            src = Some(Some(img.geometry().data_offset(slot) + u as u64 * 4096));
-                            break;
-                        }
-                        _ => {}
-                    }
-                }
-                per_unit.push(src);
-            }
-            plan.push((logical, per_unit));
-        }
-        let base_images = self.images.split_off(1);
-        let paths = self.paths.clone();
-        let mut base = Chain::from_images(base_images, true)?;
-        let result = (|| -> Result<()> {
-            let mut buf = vec![0u8; 4096];
-            let total = plan.len() as u64;
-            for (i, (logical, per_unit)) in plan.iter().enumerate() {
-                for (u, src) in per_unit.iter().enumerate() {
-                    let start = logical * cs + u as u64 * 4096;
-                    if start >= base.virtual_size() {
-                        break;
-                    }
-                    let n = 4096.min(base.virtual_size() - start) as usize;
-                    match src {
-                        None => continue,
-                        Some(None) => buf.fill(0),
-                        Some(Some(off)) => self.images[0].storage().read_at(&mut buf[..n], *off)?,
-                    }
-                    base.write(start, &buf[..n])?;
-                }
-                progress(i as u64 + 1, total);
-            }
-            base.flush()
-        })();
-        self.images.append(&mut base.images);
-        self.paths = paths;
-        result?;
-        // The base now holds the data: drop the top file's history, then empty it.
-        let img = &mut self.images[0];
-        if img.header().current_parent != 0 {
-            let mut h = img.header().clone();
-            h.current_parent = 0;
-            img.write_header(h)?;
-        }
-        self.collect_garbage()?;
-        let img = &mut self.images[0];
-        for slot in 0..img.slot_count() {
-            if img.slot(slot).kind != EntryKind::Free {
-                img.free_slot(slot)?;
-            }
-        }
-        img.storage().flush()?;
-        self.rebuild()
-    }
-
-    /// Changes the backing file to `new_base` (None = no backing file). Unless `unsafe_mode`,
-    /// first copies into the top every unit whose content would change, so the guest view
-    /// stays the same; the header switch is the commit point.
-    pub fn rebase(
-        &mut self,
-        new_base: Option<(&str, Chain)>,
-        unsafe_mode: bool,
-        mut progress: impl FnMut(u64, u64),
-    ) -> Result<()> {
-        if !self.images[0].is_writable() {
-            return Err(PcowError::ReadOnly(self.images[0].path().to_path_buf()));
-        }
-        if !unsafe_mode && !self.snapshot_list().is_empty() {
-            // Snapshot views also read through the backing file; only the writable view
-            // would be preserved.
-            return Err(PcowError::InvalidParameter(
-                "rebase needs an image without snapshots (delete them first)".into(),
-            ));
-        }
-        let cs = self.cluster_size();
-        let vc = self.virtual_clusters();
-        if !unsafe_mode {
-            let mut old = vec![0u8; 4096];
-            let mut new = vec![0u8; 4096];
-            for logical in 0..vc {
-                for u in 0..self.geometry().units() {
-                    let start = logical * cs + u as u64 * 4096;
-                    if start >= self.virtual_size() {
-                        break;
-                    }
-                    let n = 4096.min(self.virtual_size() - start) as usize;
-                    // Units served by the top file do not depend on the base.
-                    let src = self.resolve_unit(logical, u);
-                    if let crate::chain::UnitSource::File { image: 0, .. } = src {
-                        continue;
-                    }
-                    if self
-                        .lookup(logical)
-                        .is_some_and(|l| l.image == 0 && l.kind == EntryKind::Zero)
-                    {
-                        continue;
-                    }
-                    self.read(start, &mut old[..n])?;
-                    match &new_base {
-                        Some((_, nb)) if start + n as u64 <= nb.virtual_size() => {
-                            nb.read(start, &mut new[..n])?
-                        }
-                        Some((_, nb)) if start < nb.virtual_size() => {
-                            new[..n].fill(0);
-                            let m = (nb.virtual_size() - start) as usize;
-                            nb.read(start, &mut new[..m])?
-                        }
-                        _ => new[..n].fill(0),
-                    }
-                    if old[..n] != new[..n] {
-                        self.write(start, &old[..n])?;
-                    }
-                }
-                progress(logical + 1, vc);
-            }
-            self.flush()?;
-        }
-        let mut h = self.images[0].header().clone();
-        let (name, id, mut new_images) = match new_base {
-            Some((name, nb)) => (name.to_string(), nb.images[0].header().image_id, nb.images),
-            None => (String::new(), [0u8; 16], Vec::new()),
-        };
-        h.backing_name = name;
-        h.backing_id = id;
-        self.images[0].write_header(h)?;
-        self.images.truncate(1);
-        self.paths.truncate(1);
-        self.paths
-            .extend(new_images.iter().map(|i| i.path().to_path_buf()));
-        self.images.append(&mut new_images);
-        self.rebuild()
+        Ok(dead.len() as u64)
     }
 
     /// Moves clusters of the top file into free slots near the start and truncates the file.

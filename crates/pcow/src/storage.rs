@@ -16,6 +16,18 @@ pub trait Storage: Send + Sync {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()>;
     /// Writes `buf` at `offset`, extending the file if needed.
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<()>;
+    /// Writes `bufs` back to back starting at `offset` (one `pwritev` for a real file).
+    fn write_vectored_at(&self, bufs: &[&[u8]], offset: u64) -> Result<()> {
+        let mut at = offset;
+        for b in bufs {
+            self.write_at(b, at)?;
+            at += b.len() as u64;
+        }
+        Ok(())
+    }
+    /// Starts writing back `[offset, offset+len)` without waiting (a hint so that a later
+    /// flush has less to wait for; not a durability point). No-op by default.
+    fn start_writeback(&self, _offset: u64, _len: u64) {}
     /// Makes every completed write durable (fdatasync).
     fn flush(&self) -> Result<()>;
     /// Current length in bytes.
@@ -109,6 +121,21 @@ impl Storage for FileStorage {
             .write_all_at(buf, offset)
             .map_err(|e| self.err("write", offset, e))
     }
+    fn write_vectored_at(&self, bufs: &[&[u8]], offset: u64) -> Result<()> {
+        pwritev_all(&self.file, bufs, offset).map_err(|e| self.err("write", offset, e))
+    }
+    fn start_writeback(&self, offset: u64, len: u64) {
+        // SAFETY: sync_file_range on a descriptor we own, plain integer arguments; the result
+        // is ignored (a hint).
+        unsafe {
+            libc::sync_file_range(
+                self.file.as_raw_fd(),
+                offset as libc::off64_t,
+                len as libc::off64_t,
+                libc::SYNC_FILE_RANGE_WRITE,
+            )
+        };
+    }
     fn flush(&self) -> Result<()> {
         self.file
             .sync_data()
@@ -173,6 +200,58 @@ impl Storage for FileStorage {
     fn path(&self) -> &Path {
         &self.path
     }
+}
+
+/// `pwritev` of all of `bufs` at `offset` (groups of `IOV_MAX`, short writes resumed).
+fn pwritev_all(file: &File, bufs: &[&[u8]], mut offset: u64) -> std::io::Result<()> {
+    const IOV_MAX: usize = 1024;
+    for group in bufs.chunks(IOV_MAX) {
+        let mut iov: Vec<libc::iovec> = group
+            .iter()
+            .map(|b| libc::iovec {
+                iov_base: b.as_ptr() as *mut libc::c_void,
+                iov_len: b.len(),
+            })
+            .collect();
+        let mut left: usize = group.iter().map(|b| b.len()).sum();
+        let mut at = 0usize;
+        while left > 0 {
+            // SAFETY: every iovec points into a live buffer of `bufs` (borrowed for the whole
+            // call) with at most its length; pwritev only reads them.
+            let n = unsafe {
+                libc::pwritev(
+                    file.as_raw_fd(),
+                    iov[at..].as_ptr(),
+                    (iov.len() - at) as libc::c_int,
+                    offset as libc::off_t,
+                )
+            };
+            if n < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            let mut n = n as usize;
+            offset += n as u64;
+            left -= n;
+            // Skip what was written (a short write may end inside an iovec).
+            while n > 0 {
+                let v = &mut iov[at];
+                if n >= v.iov_len {
+                    n -= v.iov_len;
+                    at += 1;
+                } else {
+                    // SAFETY: advances inside the same buffer by fewer bytes than it has left.
+                    v.iov_base = unsafe { v.iov_base.cast::<u8>().add(n) }.cast();
+                    v.iov_len -= n;
+                    n = 0;
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 const PAGE: u64 = 4096;

@@ -37,11 +37,11 @@ printf 'hello-pcow' > patch.bin
 expect_rc 0 "snapshot create s1" "$D" image snapshot create top.pcow s1
 expect_rc 0 "snapshot list --json" "$D" image snapshot list top.pcow --json
 python3 -c 'import json,sys; assert [s["name"] for s in json.load(open(sys.argv[1]))]==["s1"]' "$work/out" && ok "list shows s1" || bad "list content"
-expect_rc 1 "rebase refuses while snapshots exist" "$D" image rebase -b "" top.pcow
-expect_rc 0 "snapshot apply s1" "$D" image snapshot apply top.pcow s1
-expect_rc 0 "snapshot delete s1" "$D" image snapshot delete top.pcow s1
-expect_rc 0 "rebase onto nothing (copies base data up)" "$D" image rebase -b "" top.pcow
+expect_rc 0 "rebase onto nothing with snapshot s1 (copies base data up)" "$D" image rebase -b "" top.pcow
 "$D" image convert -f pcow -O raw top.pcow top.raw && cmp -s a.raw top.raw && ok "view unchanged by rebase" || bad "rebase changed data"
+expect_rc 0 "snapshot apply s1" "$D" image snapshot apply top.pcow s1
+"$D" image convert -f pcow -O raw top.pcow s1.raw && cmp -s a.raw s1.raw && ok "snapshot s1 unchanged by rebase" || bad "rebase changed s1"
+expect_rc 0 "snapshot delete s1" "$D" image snapshot delete top.pcow s1
 expect_rc 0 "info shows no backing file" "$D" image info --json top.pcow
 python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["backing_filename"] is None' "$work/out" && ok "backing removed" || bad "backing still set"
 expect_rc 1 "apply of a missing snapshot fails" "$D" image snapshot apply top.pcow s1
@@ -53,8 +53,17 @@ expect_rc 0 "check clean" "$D" image check top.pcow
 expect_rc 0 "create overlay 2" "$D" image create o2.pcow 8M -b a.pcow
 expect_rc 0 "convert into overlay base view" "$D" image convert -f pcow -O raw o2.pcow o2.raw
 cmp -s a.raw o2.raw && ok "overlay reads base" || bad "overlay view"
-expect_rc 0 "commit" "$D" image commit o2.pcow
+# (the library's model and crash tests cover commit with snapshots over written overlays)
+expect_rc 0 "snapshot create before commit" "$D" image snapshot create o2.pcow keep
+expect_rc 0 "commit with a visible snapshot" "$D" image commit o2.pcow
 expect_rc 0 "check after commit" "$D" image check o2.pcow
+expect_rc 0 "check base after commit" "$D" image check a.pcow
+expect_rc 0 "snapshot apply after commit" "$D" image snapshot apply o2.pcow keep
+"$D" image convert -f pcow -O raw o2.pcow keep.raw && cmp -s a.raw keep.raw && ok "snapshot kept its view through commit" || bad "commit changed the snapshot"
+
+# Convert never replaces an existing file and leaves no temporary file behind.
+expect_rc 1 "convert onto an existing file fails" "$D" image convert -f raw -O pcow a.raw a.pcow
+ls -a | grep -q 'convert.tmp' && bad "temporary file left" || ok "no temporary file left"
 
 # check exit codes: 3 leaks only, 2 corruption, 1 cannot check, repair fixes.
 "$D" image create leak.pcow 1M

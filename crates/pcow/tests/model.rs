@@ -28,6 +28,8 @@ enum Op {
     SnapApply(u8),
     SnapDelete(u8),
     Commit,
+    /// Rebase onto no backing file (flatten).
+    RebaseNone,
     Compact,
     Reopen,
     /// Mapping-service copy-on-write of one 4 KiB unit.
@@ -54,6 +56,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0u8..4).prop_map(Op::SnapApply),
         1 => (0u8..4).prop_map(Op::SnapDelete),
         1 => Just(Op::Commit),
+        1 => Just(Op::RebaseNone),
         1 => Just(Op::Compact),
         2 => Just(Op::Reopen),
         2 => (0..SIZE / CS, 0..CS / 4096, any::<u8>()).prop_map(|(cluster, unit, seed)| Op::MapCow { cluster, unit, seed }),
@@ -65,6 +68,17 @@ struct Model {
     current: Vec<u8>,
     base: Vec<u8>,
     snapshots: BTreeMap<String, Vec<u8>>,
+    /// False after a rebase onto nothing.
+    has_base: bool,
+}
+
+/// The chain's files: top and base, or the top alone after a rebase onto nothing.
+fn files(storages: &[Arc<dyn Storage>], has_base: bool) -> &[Arc<dyn Storage>] {
+    if has_base {
+        storages
+    } else {
+        &storages[..1]
+    }
 }
 
 fn run(ops: Vec<Op>) {
@@ -74,6 +88,7 @@ fn run(ops: Vec<Op>) {
         current: vec![0; SIZE as usize],
         base: vec![0; SIZE as usize],
         snapshots: BTreeMap::new(),
+        has_base: true,
     };
     {
         // Give the base some content so copy-on-write and discard tombstones matter.
@@ -130,16 +145,20 @@ fn run(ops: Vec<Op>) {
                 }
             }
             Op::Commit => {
+                // Visible snapshots are kept (their views must not change).
                 let r = chain.commit(|_, _| {});
-                if model.snapshots.is_empty() {
+                if model.has_base {
                     r.unwrap();
                     model.base = model.current.clone();
-                    // The top is empty now: the base alone shows the same data.
                     let b = open_chain(&storages[1..]).unwrap();
                     assert_same(&read_all(&b), &model.base, "base after commit");
                 } else {
                     assert!(r.is_err());
                 }
+            }
+            Op::RebaseNone => {
+                chain.rebase(None, false, |_, _| {}).unwrap();
+                model.has_base = false;
             }
             Op::MapCow {
                 cluster,
@@ -172,7 +191,7 @@ fn run(ops: Vec<Op>) {
             }
             Op::Reopen => {
                 drop(chain);
-                chain = open_chain(&storages).unwrap();
+                chain = open_chain(files(&storages, model.has_base)).unwrap();
                 let report = chain.check();
                 assert!(report.corruptions.is_empty(), "{:?}", report.corruptions);
                 assert!(report.leaks.is_empty(), "{:?}", report.leaks);
@@ -196,7 +215,7 @@ fn run(ops: Vec<Op>) {
     }
     // Every snapshot still reads as it was taken (apply each, compare, after a reopen).
     drop(chain);
-    let mut chain = open_chain(&storages).unwrap();
+    let mut chain = open_chain(files(&storages, model.has_base)).unwrap();
     for (name, content) in &model.snapshots {
         chain.snapshot_apply(name).unwrap();
         assert_same(&read_all(&chain), content, &format!("snapshot {name}"));

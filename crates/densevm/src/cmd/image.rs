@@ -1,6 +1,6 @@
 //! `densevm image`: qemu-img-like verbs for pcow images.
 
-use std::io::{IsTerminal, Read, Seek, SeekFrom, Write};
+use std::io::{IsTerminal, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
@@ -550,54 +550,13 @@ fn convert(
     }
 }
 
+/// Raw → pcow through the bulk import (`pcow::bulk`): the image is built in a temporary
+/// file next to `dst` (data in large sequential writes, each meta cluster written once, the
+/// header last), flushed once and renamed into place, so an interrupted convert never leaves
+/// a file under `dst`'s name.
 fn raw_to_pcow(src: &Path, dst: &Path, cs: u64, progress: bool) -> anyhow::Result<i32> {
-    let mut f = std::fs::File::open(src).with_context(|| format!("opening {}", src.display()))?;
-    let size = f.metadata()?.len();
-    pcow::create_file(
-        dst,
-        &CreateOptions {
-            virtual_size: size.max(1),
-            cluster_size: cs,
-            backing: None,
-        },
-    )
-    .with_context(|| format!("creating {}", dst.display()))?;
-    let mut chain = open_rw(dst, false)?;
-    let mut report = progress_fn("convert", progress);
-    // Large batches: one data flush per batch, not per cluster.
-    let batch = (cs * 64).max(32 << 20);
-    let mut buf = vec![0u8; batch as usize];
-    let mut at = 0u64;
-    while at < size {
-        let n = batch.min(size - at) as usize;
-        f.seek(SeekFrom::Start(at))?;
-        f.read_exact(&mut buf[..n])?;
-        // Skip all-zero clusters (thin provisioning), write runs of non-zero ones, all
-        // runs of a batch with one data flush.
-        let mut runs: Vec<(u64, &[u8])> = Vec::new();
-        let mut c = 0usize;
-        while c < n {
-            let end = (c + cs as usize).min(n);
-            if buf[c..end].iter().any(|&b| b != 0) {
-                let mut run_end = end;
-                while run_end < n {
-                    let e2 = (run_end + cs as usize).min(n);
-                    if buf[run_end..e2].iter().all(|&b| b == 0) {
-                        break;
-                    }
-                    run_end = e2;
-                }
-                runs.push((at + c as u64, &buf[c..run_end]));
-                c = run_end;
-            } else {
-                c = end;
-            }
-        }
-        chain.write_vectored(&runs)?;
-        at += n as u64;
-        report(at, size);
-    }
-    chain.flush()?;
+    pcow::import_raw(src, dst, cs, progress_fn("convert", progress))
+        .with_context(|| format!("converting {} to {}", src.display(), dst.display()))?;
     Ok(0)
 }
 

@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests: in-memory chains and reopening.
 #![allow(dead_code)]
 
+pub mod harness;
+
 use std::sync::Arc;
 
 use pcow::{new_header, Chain, CreateOptions, Image, MemStorage, Storage};
