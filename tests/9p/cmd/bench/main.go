@@ -6,7 +6,7 @@
 //   - meta-storm: walk+getattr+clunk of random files, plus create+unlink
 //
 // The tree is generated once and cached under -dir. Results go to -out as a
-// markdown table (ratios densevm/diod, best of -rounds, peak RSS).
+// markdown table (medians of -rounds alternating rounds per server, peak RSS).
 package main
 
 import (
@@ -19,6 +19,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -35,7 +36,9 @@ var (
 	files     = flag.Int("files", 100000, "number of small files")
 	bigMiB    = flag.Int("big-mib", 1024, "size of the sequential-read file in MiB")
 	workers   = flag.Int("c", 8, "client goroutines (concurrent requests)")
-	rounds    = flag.Int("rounds", 2, "rounds per server (best is reported)")
+	rounds    = flag.Int("rounds", 3, "rounds per server, alternating between the servers (medians are reported)")
+	passes    = flag.Int("passes", 1, "many-files: times every file is walked+opened+read+clunked per round")
+	workloads = flag.String("workloads", "many,seq,meta", "comma-separated workloads to run: many, seq, meta")
 	metaOps   = flag.Int("meta-ops", 40000, "operations in the metadata storm")
 	outPath   = flag.String("out", "", "write the markdown result here too")
 	only      = flag.String("only", "", "profile mode: run just this server (densevm or diod), no table")
@@ -237,7 +240,8 @@ func manyFiles(root p9.File) time.Duration {
 	if err != nil {
 		die("%v", err)
 	}
-	return parallel(*files, func(i int, buf []byte) error {
+	return parallel(*files**passes, func(i int, buf []byte) error {
+		i %= *files
 		f, err := walk(tree, fmt.Sprintf("d%03d", i/perDir), fmt.Sprintf("f%04d", i%perDir))
 		if err != nil {
 			return fmt.Errorf("many-files walk: %w", err)
@@ -336,39 +340,69 @@ func cpuSeconds(pid int) float64 {
 	return (ut + st) / 100 // USER_HZ
 }
 
-type result struct {
-	manyCPU, seqCPU, metaCPU float64 // server CPU seconds (best round)
-	many, seq, meta          time.Duration
-	seqBig                   time.Duration // densevm only: 1 MiB msize
-	rss                      string
+type sample struct {
+	wall time.Duration
+	cpu  float64 // server CPU seconds (user+system, /proc/PID/stat)
 }
 
-func run(name, root string) result {
-	best := result{many: 1 << 62, seq: 1 << 62, meta: 1 << 62, manyCPU: 1e9, seqCPU: 1e9, metaCPU: 1e9}
-	s := start(name, root)
+// result holds every round's samples of one server.
+type result struct {
+	many, seq, meta []sample
+	seqBig          time.Duration // densevm only: 1 MiB msize
+	rss             string
+}
+
+// median of the samples (by wall time, or by CPU time when cpu is set).
+func median(xs []sample, cpu bool) sample {
+	if len(xs) == 0 {
+		return sample{}
+	}
+	ys := append([]sample(nil), xs...)
+	sort.Slice(ys, func(i, j int) bool {
+		if cpu {
+			return ys[i].cpu < ys[j].cpu
+		}
+		return ys[i].wall < ys[j].wall
+	})
+	return ys[len(ys)/2]
+}
+
+func enabled(w string) bool {
+	for _, x := range strings.Split(*workloads, ",") {
+		if strings.TrimSpace(x) == w {
+			return true
+		}
+	}
+	return false
+}
+
+// round runs one round of every enabled workload against s on a fresh connection.
+func (s *server) round(root string, r int, res *result) {
 	pid := s.cmd.Process.Pid
-	timed := func(fn func() time.Duration) (time.Duration, float64) {
+	timed := func(fn func() time.Duration) sample {
 		c0 := cpuSeconds(pid)
 		d := fn()
-		return d, cpuSeconds(pid) - c0
+		return sample{d, cpuSeconds(pid) - c0}
 	}
-	for r := 0; r < *rounds; r++ {
-		c, rf := connect(s, root, uint32(*msize))
-		m, mc := timed(func() time.Duration { return manyFiles(rf) })
-		sq, sc := timed(func() time.Duration { return seqRead(rf) })
-		mt, tc := timed(func() time.Duration { return metaStorm(rf, fmt.Sprintf("scratch-%s-%d-%d", name, os.Getpid(), r)) })
-		best.manyCPU, best.seqCPU, best.metaCPU = min(best.manyCPU, mc), min(best.seqCPU, sc), min(best.metaCPU, tc)
-		c.Close()
-		fmt.Fprintf(os.Stderr, "bench: %s round %d: many-files %v, seq-read %v, meta-storm %v\n", name, r, m, sq, mt)
-		best.many, best.seq, best.meta = min(best.many, m), min(best.seq, sq), min(best.meta, mt)
+	c, rf := connect(s, root, uint32(*msize))
+	var line strings.Builder
+	if enabled("many") {
+		m := timed(func() time.Duration { return manyFiles(rf) })
+		res.many = append(res.many, m)
+		fmt.Fprintf(&line, " many-files %v (cpu %.2f s)", m.wall, m.cpu)
 	}
-	if name == "densevm" {
-		c, rf := connect(s, root, 1<<20)
-		best.seqBig = seqRead(rf)
-		c.Close()
+	if enabled("seq") {
+		m := timed(func() time.Duration { return seqRead(rf) })
+		res.seq = append(res.seq, m)
+		fmt.Fprintf(&line, " seq-read %v (cpu %.2f s)", m.wall, m.cpu)
 	}
-	best.rss = s.stop()
-	return best
+	if enabled("meta") {
+		m := timed(func() time.Duration { return metaStorm(rf, fmt.Sprintf("scratch-%s-%d-%d", s.name, os.Getpid(), r)) })
+		res.meta = append(res.meta, m)
+		fmt.Fprintf(&line, " meta-storm %v (cpu %.2f s)", m.wall, m.cpu)
+	}
+	c.Close()
+	fmt.Fprintf(os.Stderr, "bench: %s round %d:%s\n", s.name, r, line.String())
 }
 
 func main() {
@@ -387,30 +421,75 @@ func main() {
 		os.RemoveAll(o)
 	}
 	warm(root)
+	names := []string{"densevm", "diod"}
 	if *only != "" {
-		run(*only, root)
+		names = []string{*only}
+	}
+	// Both servers run for the whole benchmark (an idle server costs nothing) and
+	// the rounds alternate between them, so that a burst of load from other
+	// users of the machine hits both rather than one.
+	servers := make([]*server, len(names))
+	results := make([]result, len(names))
+	for i, n := range names {
+		servers[i] = start(n, root)
+	}
+	for r := 0; r < *rounds; r++ {
+		for k := range servers {
+			i := k
+			if r%2 == 1 {
+				i = len(servers) - 1 - k
+			}
+			servers[i].round(root, r, &results[i])
+		}
+	}
+	if names[0] == "densevm" && enabled("seq") {
+		c, rf := connect(servers[0], root, 1<<20)
+		results[0].seqBig = seqRead(rf)
+		c.Close()
+	}
+	for i := range servers {
+		results[i].rss = servers[i].stop()
+	}
+	if *only != "" {
 		return
 	}
-	d := run("densevm", root)
-	o := run("diod", root)
+	d, o := results[0], results[1]
+	nmany := *files * *passes
 	rate := func(n int, t time.Duration) string { return fmt.Sprintf("%.0f/s", float64(n)/t.Seconds()) }
 	mib := func(t time.Duration) string { return fmt.Sprintf("%.0f MiB/s", float64(*bigMiB)/t.Seconds()) }
 	var b strings.Builder
-	fmt.Fprintf(&b, "| workload | densevm | diod | densevm / diod |\n|---|---|---|---|\n")
-	fmt.Fprintf(&b, "| many-files: walk+open+read+clunk, %d files, %d concurrent | %s (%.2f s) | %s (%.2f s) | **%.2fx** |\n",
-		*files, *workers, rate(*files, d.many), d.many.Seconds(), rate(*files, o.many), o.many.Seconds(), o.many.Seconds()/d.many.Seconds())
-	fmt.Fprintf(&b, "| seq-read: %d MiB, 1 stream, msize %d | %s | %s | %.2fx |\n",
-		*bigMiB, *msize, mib(d.seq), mib(o.seq), o.seq.Seconds()/d.seq.Seconds())
-	fmt.Fprintf(&b, "| seq-read, msize 1 MiB (diod cannot) | %s | - | |\n", mib(d.seqBig))
-	fmt.Fprintf(&b, "| meta-storm: %d ops (3/4 walk+getattr+clunk, 1/4 create+clunk+walk+remove), %d concurrent | %s | %s | %.2fx |\n",
-		*metaOps, *workers, rate(*metaOps, d.meta), rate(*metaOps, o.meta), o.meta.Seconds()/d.meta.Seconds())
-	cpu := func(what string, n int, dc, oc float64) {
-		fmt.Fprintf(&b, "| server CPU, %s | %.1f µs/op (%.2f s) | %.1f µs/op (%.2f s) | **%.2fx** |\n",
-			what, dc/float64(n)*1e6, dc, oc/float64(n)*1e6, oc, oc/max(dc, 0.01))
+	fmt.Fprintf(&b, "Medians of %d rounds per server, alternating; throughput ratio = diod time / densevm time (higher is better), CPU ratio = densevm CPU / diod CPU (lower is better).\n\n", *rounds)
+	fmt.Fprintf(&b, "| workload | densevm | diod | ratio |\n|---|---|---|---|\n")
+	if enabled("many") {
+		dm, om := median(d.many, false), median(o.many, false)
+		fmt.Fprintf(&b, "| many-files: walk+open+read+clunk, %d files x %d passes, %d concurrent | %s (%.2f s) | %s (%.2f s) | %.2fx |\n",
+			*files, *passes, *workers, rate(nmany, dm.wall), dm.wall.Seconds(), rate(nmany, om.wall), om.wall.Seconds(), om.wall.Seconds()/dm.wall.Seconds())
 	}
-	cpu("many-files", *files, d.manyCPU, o.manyCPU)
-	cpu("seq-read (per MiB)", *bigMiB, d.seqCPU, o.seqCPU)
-	cpu("meta-storm", *metaOps, d.metaCPU, o.metaCPU)
+	if enabled("seq") {
+		dm, om := median(d.seq, false), median(o.seq, false)
+		fmt.Fprintf(&b, "| seq-read: %d MiB, 1 stream, msize %d | %s | %s | %.2fx |\n",
+			*bigMiB, *msize, mib(dm.wall), mib(om.wall), om.wall.Seconds()/dm.wall.Seconds())
+		fmt.Fprintf(&b, "| seq-read, msize 1 MiB (diod cannot) | %s | - | |\n", mib(d.seqBig))
+	}
+	if enabled("meta") {
+		dm, om := median(d.meta, false), median(o.meta, false)
+		fmt.Fprintf(&b, "| meta-storm: %d ops (3/4 walk+getattr+clunk, 1/4 create+clunk+walk+remove), %d concurrent | %s | %s | %.2fx |\n",
+			*metaOps, *workers, rate(*metaOps, dm.wall), rate(*metaOps, om.wall), om.wall.Seconds()/dm.wall.Seconds())
+	}
+	cpu := func(what, unit string, n int, ds, xs []sample) {
+		dc, oc := median(ds, true).cpu, median(xs, true).cpu
+		fmt.Fprintf(&b, "| server CPU, %s | %.1f µs/%s (%.2f s) | %.1f µs/%s (%.2f s) | **%.2fx** |\n",
+			what, dc/float64(n)*1e6, unit, dc, oc/float64(n)*1e6, unit, oc, dc/max(oc, 0.01))
+	}
+	if enabled("many") {
+		cpu("many-files", "file", nmany, d.many, o.many)
+	}
+	if enabled("seq") {
+		cpu("seq-read", "MiB", *bigMiB, d.seq, o.seq)
+	}
+	if enabled("meta") {
+		cpu("meta-storm", "op", *metaOps, d.meta, o.meta)
+	}
 	fmt.Fprintf(&b, "| server peak RSS (VmHWM) | %s | %s | |\n", d.rss, o.rss)
 	fmt.Print(b.String())
 	if *outPath != "" {
