@@ -44,7 +44,14 @@ fn writes(flags: i32) -> bool {
 }
 
 impl Session {
-    pub(crate) fn lopen(&self, tag: u16, fid: u32, flags: u32, out: &mut Vec<u8>) -> OpResult {
+    pub(crate) fn lopen(
+        &self,
+        tag: u16,
+        fid: u32,
+        flags: u32,
+        out: &mut Vec<u8>,
+        nowait: bool,
+    ) -> OpResult {
         let f = self.fid(fid)?;
         if !matches!(f.kind, FidKind::Path) {
             return Err(Errno(libc::EINVAL));
@@ -52,6 +59,10 @@ impl Session {
         let flags = open_flags(flags) & !(libc::O_CREAT | libc::O_EXCL);
         if self.server.cfg.readonly && writes(flags) {
             return Err(Errno(libc::EROFS));
+        }
+        // Opening for writing may touch the disk (quota, truncation): a worker does it.
+        if nowait && writes(flags) {
+            return Err(sys::WOULD_BLOCK);
         }
         let node = &f.node;
         let kind = match node.ftype {
@@ -130,6 +141,7 @@ impl Session {
         offset: u64,
         count: u32,
         out: &mut Vec<u8>,
+        nowait: bool,
     ) -> OpResult {
         let f = self.fid(fid)?;
         let count = count.min(self.max_io()) as usize;
@@ -137,6 +149,9 @@ impl Session {
         let mut w = Writer::begin(out, kind::TREAD + 1, tag);
         w.u32(0);
         let n = match &f.kind {
+            FidKind::File { fd } if nowait => {
+                sys::pread_into_nowait(fd.as_fd(), w.buffer(), count, offset)?
+            }
             FidKind::File { fd } => sys::pread_into(fd.as_fd(), w.buffer(), count, offset)?,
             FidKind::XattrRead { data } => {
                 let from = usize::try_from(offset)

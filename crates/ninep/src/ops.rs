@@ -44,6 +44,12 @@ pub(crate) fn entry_name(name: &[u8]) -> SysResult<CString> {
 impl Session {
     /// Looks one component up beneath `dir`.
     pub(crate) fn lookup(&self, dir: &Arc<Node>, name: &[u8]) -> SysResult<Arc<Node>> {
+        self.lookup_mode(dir, name, false)
+    }
+
+    /// [`Session::lookup`]; with `nowait`, only from the dentry cache (else
+    /// [`sys::WOULD_BLOCK`]).
+    fn lookup_mode(&self, dir: &Arc<Node>, name: &[u8], nowait: bool) -> SysResult<Arc<Node>> {
         match name {
             b"." => return Ok(dir.clone()),
             b".." => {
@@ -53,7 +59,12 @@ impl Session {
             _ => {}
         }
         let cname = entry_name(name)?;
-        let fd = sys::open_beneath(dir.fd.as_fd(), &cname, libc::O_PATH | libc::O_NOFOLLOW, 0)?;
+        let flags = libc::O_PATH | libc::O_NOFOLLOW;
+        let fd = if nowait {
+            sys::open_beneath_cached(dir.fd.as_fd(), &cname, flags)?
+        } else {
+            sys::open_beneath(dir.fd.as_fd(), &cname, flags, 0)?
+        };
         self.node_from_fd(dir, cname, fd)
     }
 
@@ -104,6 +115,7 @@ impl Session {
         newfid: u32,
         names: &[&[u8]],
         out: &mut Vec<u8>,
+        nowait: bool,
     ) -> OpResult {
         let start = self.fid(fid)?;
         if newfid != fid && self.fids.contains(newfid) {
@@ -112,7 +124,9 @@ impl Session {
         let mut node = start.node.clone();
         let mut qids: Vec<Qid> = Vec::with_capacity(names.len());
         for name in names {
-            match self.lookup(&node, name) {
+            match self.lookup_mode(&node, name, nowait) {
+                // Nothing has changed yet: the blocking path redoes the walk.
+                Err(e) if nowait && e == sys::WOULD_BLOCK => return Err(e),
                 Ok(next) => {
                     qids.push(next.qid);
                     node = next;

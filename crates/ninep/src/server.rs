@@ -208,13 +208,44 @@ impl Session {
     /// Handles one complete request frame, appending exactly one response
     /// frame to `out`. Malformed frames get Rlerror; this never panics on input.
     pub fn handle(&self, frame: &[u8], out: &mut Vec<u8>) -> Handled {
+        match self.serve(frame, out, false) {
+            Some(h) => h,
+            // Unreachable: only the non-blocking mode declines a request.
+            None => {
+                let tag = parse_header(frame).map(|h| h.tag).unwrap_or(NOTAG);
+                Self::rlerror(out, tag, libc::EAGAIN as u32);
+                Handled {
+                    tag,
+                    kind: kind::RLERROR,
+                }
+            }
+        }
+    }
+
+    /// Like [`Session::handle`], but only if the request can be served without
+    /// waiting for I/O: lookups served from the dentry cache, reads from the
+    /// page cache, opens for reading, getattr, clunk and the session
+    /// messages. Otherwise (or when a cached attempt finds it would have to
+    /// wait) nothing is changed, nothing is appended, and `None` asks the
+    /// caller to call [`Session::handle`] where blocking is fine (a worker).
+    ///
+    /// A transport can so serve the common, cached requests on the thread
+    /// that read them, with no hand-off to another thread.
+    pub fn handle_nowait(&self, frame: &[u8], out: &mut Vec<u8>) -> Option<Handled> {
+        self.serve(frame, out, true)
+    }
+
+    fn serve(&self, frame: &[u8], out: &mut Vec<u8>, nowait: bool) -> Option<Handled> {
         let start = out.len();
         let tag = parse_header(frame).map(|h| h.tag).unwrap_or(NOTAG);
         let limit = self.msize().max(MIN_MSIZE) as usize;
         let result = match decode_request(frame, limit) {
             Ok((tag, req)) => {
+                if nowait && !may_serve_nowait(&req) {
+                    return None;
+                }
                 tracing::trace!(tag, req = req.name(), "9p request");
-                self.dispatch(tag, req, out)
+                self.dispatch(tag, req, out, nowait)
             }
             Err(e) => {
                 tracing::debug!(tag, error = %e, "malformed 9p message");
@@ -225,11 +256,15 @@ impl Session {
                 })
             }
         };
-        match result {
+        Some(match result {
             Ok(()) => Handled {
                 tag,
                 kind: out.get(start + 4).copied().unwrap_or(0),
             },
+            Err(e) if nowait && e == sys::WOULD_BLOCK => {
+                out.truncate(start);
+                return None;
+            }
             Err(Errno(code)) => {
                 out.truncate(start);
                 Self::rlerror(out, tag, code as u32);
@@ -238,7 +273,7 @@ impl Session {
                     kind: kind::RLERROR,
                 }
             }
-        }
+        })
     }
 
     /// Appends an Rlerror frame.
@@ -248,7 +283,9 @@ impl Session {
         w.finish();
     }
 
-    fn dispatch(&self, tag: u16, req: Request<'_>, out: &mut Vec<u8>) -> OpResult {
+    /// Serves a decoded request. With `nowait`, an operation that would have
+    /// to wait for I/O fails with [`sys::WOULD_BLOCK`] before changing anything.
+    fn dispatch(&self, tag: u16, req: Request<'_>, out: &mut Vec<u8>, nowait: bool) -> OpResult {
         let rkind = req.kind() + 1;
         if self.server.cfg.readonly && is_modifying(&req) {
             return Err(Errno(libc::EROFS));
@@ -262,10 +299,21 @@ impl Session {
                 Writer::begin(out, rkind, tag).finish();
                 Ok(())
             }
-            Request::Walk { fid, newfid, names } => self.walk(tag, fid, newfid, &names, out),
-            Request::Read { fid, offset, count } => self.read(tag, fid, offset, count, out),
+            Request::Walk { fid, newfid, names } => {
+                self.walk(tag, fid, newfid, &names, out, nowait)
+            }
+            Request::Read { fid, offset, count } => self.read(tag, fid, offset, count, out, nowait),
             Request::Write { fid, offset, data } => self.write(tag, fid, offset, data, out),
             Request::Clunk { fid } => {
+                // A pending xattr write is applied at clunk: a worker does it.
+                if nowait
+                    && self
+                        .fids
+                        .get(fid)
+                        .is_some_and(|f| matches!(f.kind, FidKind::XattrWrite(_)))
+                {
+                    return Err(sys::WOULD_BLOCK);
+                }
                 let f = self.fids.remove(fid).ok_or(Errno(libc::EBADF))?;
                 self.finish_fid(&f)?;
                 Writer::begin(out, rkind, tag).finish();
@@ -273,7 +321,7 @@ impl Session {
             }
             Request::Remove { fid } => self.remove(tag, fid, out),
             Request::Statfs { fid } => self.statfs(tag, fid, out),
-            Request::Lopen { fid, flags } => self.lopen(tag, fid, flags, out),
+            Request::Lopen { fid, flags } => self.lopen(tag, fid, flags, out, nowait),
             Request::Lcreate {
                 fid,
                 name,
@@ -411,6 +459,25 @@ impl Session {
     pub(crate) fn reply_empty(out: &mut Vec<u8>, rkind: u8, tag: u16) {
         Writer::begin(out, rkind, tag).finish();
     }
+}
+
+/// Requests [`Session::handle_nowait`] may serve: the session messages and
+/// the operations whose system calls do not wait for the disk when their data
+/// is cached (walk, read and open for reading check that; getattr and clunk
+/// work on inodes already in memory).
+fn may_serve_nowait(req: &Request<'_>) -> bool {
+    matches!(
+        req,
+        Request::Version { .. }
+            | Request::Auth { .. }
+            | Request::Attach { .. }
+            | Request::Flush { .. }
+            | Request::Walk { .. }
+            | Request::Read { .. }
+            | Request::Lopen { .. }
+            | Request::Getattr { .. }
+            | Request::Clunk { .. }
+    )
 }
 
 /// Requests that change the export (refused on read-only exports).

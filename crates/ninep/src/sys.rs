@@ -56,6 +56,13 @@ fn check_size(ret: isize) -> SysResult<usize> {
 pub const RESOLVE_BENEATH: u64 = 0x08;
 /// `openat2` resolve flag: refuse /proc magic links.
 pub const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
+/// `openat2` resolve flag: fail with EAGAIN unless the lookup is served from
+/// the dentry cache (Linux 5.12).
+pub const RESOLVE_CACHED: u64 = 0x20;
+
+/// What a non-blocking attempt answers when the call would have to wait for
+/// I/O (or cannot tell): the caller retries the operation where blocking is fine.
+pub const WOULD_BLOCK: Errno = Errno(libc::EAGAIN);
 
 #[repr(C)]
 struct OpenHow {
@@ -99,6 +106,36 @@ pub fn open_beneath(dir: BorrowedFd<'_>, name: &CStr, flags: i32, mode: u32) -> 
         if e.0 != libc::EAGAIN && e.0 != libc::EINTR {
             return Err(e);
         }
+    }
+}
+
+/// [`open_beneath`] that never waits for I/O: the lookup must be served from
+/// the dentry cache (`RESOLVE_CACHED`), else [`WOULD_BLOCK`]. Kernels without
+/// `RESOLVE_CACHED` (EINVAL) also answer [`WOULD_BLOCK`], so the blocking path
+/// takes over. Only for opens that create nothing and truncate nothing.
+pub fn open_beneath_cached(dir: BorrowedFd<'_>, name: &CStr, flags: i32) -> SysResult<OwnedFd> {
+    let how = OpenHow {
+        flags: (flags | libc::O_CLOEXEC) as u32 as u64,
+        mode: 0,
+        resolve: RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS | RESOLVE_CACHED,
+    };
+    // SAFETY: `how` is a valid open_how of the size passed; `name` is NUL-terminated.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            &how as *const OpenHow,
+            std::mem::size_of::<OpenHow>(),
+        )
+    };
+    if ret >= 0 {
+        // SAFETY: the kernel returned a fresh descriptor we now own.
+        return Ok(unsafe { OwnedFd::from_raw_fd(ret as RawFd) });
+    }
+    match Errno::last() {
+        Errno(libc::EAGAIN) | Errno(libc::EINVAL) | Errno(libc::EINTR) => Err(WOULD_BLOCK),
+        e => Err(e),
     }
 }
 
@@ -180,6 +217,73 @@ pub fn pread_into(
                 return Ok(n);
             }
         }
+    }
+}
+
+/// [`pread_into`] that never waits for I/O (`RWF_NOWAIT`): the bytes must be
+/// in the page cache, else [`WOULD_BLOCK`] and `out` is left as it was.
+///
+/// A page-cache read stops early only at EOF or at a folio (page-aligned)
+/// boundary whose folio is missing, so a short read ending off a page boundary
+/// is EOF; one ending on a boundary is checked with a second attempt, and
+/// filesystems without `RWF_NOWAIT` (EOPNOTSUPP) answer [`WOULD_BLOCK`]. The
+/// result is therefore always what a blocking `pread` would have returned.
+pub fn pread_into_nowait(
+    fd: BorrowedFd<'_>,
+    out: &mut Vec<u8>,
+    count: usize,
+    off: u64,
+) -> SysResult<usize> {
+    let base = out.len();
+    out.reserve(count);
+    let mut done = 0usize;
+    while done < count {
+        let spare = out.spare_capacity_mut();
+        let len = (count - done).min(spare.len());
+        let iov = libc::iovec {
+            iov_base: spare.as_mut_ptr().cast(),
+            iov_len: len,
+        };
+        let pos = off.checked_add(done as u64).ok_or(Errno(libc::EINVAL))?;
+        // SAFETY: the iovec covers spare capacity valid for writes of `len`
+        // bytes; the kernel initialises the first `n` of them, and only those
+        // are exposed below.
+        let r = unsafe { libc::preadv2(fd.as_raw_fd(), &iov, 1, pos as i64, libc::RWF_NOWAIT) };
+        let n = match check_size(r) {
+            Ok(n) => n,
+            Err(e) => {
+                out.truncate(base);
+                return match e.0 {
+                    libc::EAGAIN | libc::EOPNOTSUPP | libc::EINVAL | libc::EINTR => {
+                        Err(WOULD_BLOCK)
+                    }
+                    _ => Err(e),
+                };
+            }
+        };
+        // SAFETY: n <= len bytes were initialised by preadv2.
+        unsafe { out.set_len(out.len() + n) };
+        done += n;
+        if n == 0 || (pos + n as u64) % page_size() != 0 {
+            break; // EOF (or the request is complete)
+        }
+    }
+    Ok(done)
+}
+
+/// The system page size (cached).
+fn page_size() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static PAGE: AtomicU64 = AtomicU64::new(0);
+    match PAGE.load(Ordering::Relaxed) {
+        0 => {
+            // SAFETY: sysconf has no preconditions.
+            let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+            let p = if p > 0 { p as u64 } else { 4096 };
+            PAGE.store(p, Ordering::Relaxed);
+            p
+        }
+        p => p,
     }
 }
 

@@ -191,6 +191,29 @@ pub fn serve_connection(
     result
 }
 
+/// Replies gathered by the reader are written once this much is pending
+/// (and always before the reader could wait for anything).
+const REPLY_BATCH: usize = 64 * 1024;
+
+/// Writes the replies gathered in `out` (one system call for all of them).
+fn flush_replies(writer: &dyn FrameWriter, out: &mut Vec<u8>) -> io::Result<()> {
+    if out.is_empty() {
+        return Ok(());
+    }
+    writer.write_frame(out)?;
+    out.clear();
+    // Keep big read replies from pinning memory between requests.
+    if out.capacity() > 1 << 20 {
+        *out = Vec::with_capacity(REPLY_BATCH);
+    }
+    Ok(())
+}
+
+/// The reader: serves every request that needs no waiting (cached lookups
+/// and reads, getattr, clunk: [`Session::handle_nowait`]) itself, in the
+/// order read, gathering the replies of everything the client pipelined into
+/// one write; hands the others to the workers, so a request waiting for the
+/// disk never holds up the rest.
 fn read_loop(
     session: &Session,
     reader: &mut impl FrameReader,
@@ -198,15 +221,19 @@ fn read_loop(
     shared: &Shared,
     opts: DriverOptions,
 ) -> io::Result<()> {
-    let mut out = Vec::with_capacity(64 * 1024);
+    let mut out = Vec::with_capacity(REPLY_BATCH);
+    let mut frame = Vec::new();
     loop {
-        let mut frame = Vec::new();
+        if !reader.has_buffered() || out.len() >= REPLY_BATCH {
+            // Reading on would wait for the client: send what it waits for.
+            flush_replies(writer, &mut out)?;
+        }
         // The limit is re-read each time: Tversion may lower it.
         let max = session.msize() as usize;
         let tag = match reader.read_frame(&mut frame, max)? {
-            Frame::Eof => return Ok(()),
+            Frame::Eof => return flush_replies(writer, &mut out),
             Frame::Oversized { tag } => {
-                small_reply(writer, kind::RLERROR, tag, Some(libc::EMSGSIZE as u32))?;
+                Session::rlerror(&mut out, tag, libc::EMSGSIZE as u32);
                 continue;
             }
             Frame::Message => parse_header(&frame).map(|h| h.tag).unwrap_or(NOTAG),
@@ -225,7 +252,11 @@ fn read_loop(
                 continue;
             }
             drop(q);
-            small_reply(writer, kind::TFLUSH + 1, tag, None)?;
+            // After the old request's reply, if that is still in `out`.
+            Writer::begin(&mut out, kind::TFLUSH + 1, tag).finish();
+            continue;
+        }
+        if session.handle_nowait(&frame, &mut out).is_some() {
             continue;
         }
         let mut q = shared.lock();
@@ -234,18 +265,22 @@ fn read_loop(
             // this reply, so serve it here and save two thread hand-offs
             // (requests already with workers keep running in parallel).
             drop(q);
-            out.clear();
+            flush_replies(writer, &mut out)?;
             session.handle(&frame, &mut out);
-            writer.write_frame(&out)?;
-            if out.capacity() > 1 << 20 {
-                out = Vec::with_capacity(64 * 1024);
-            }
             continue;
         }
-        while q.jobs.len() >= opts.max_queued {
-            q = shared.space.wait(q).unwrap_or_else(|p| p.into_inner());
+        if q.jobs.len() >= opts.max_queued {
+            drop(q);
+            flush_replies(writer, &mut out)?;
+            q = shared.lock();
+            while q.jobs.len() >= opts.max_queued {
+                q = shared.space.wait(q).unwrap_or_else(|p| p.into_inner());
+            }
         }
-        q.jobs.push_back(Job { tag, frame });
+        q.jobs.push_back(Job {
+            tag,
+            frame: std::mem::take(&mut frame),
+        });
         drop(q);
         shared.work.notify_one();
     }

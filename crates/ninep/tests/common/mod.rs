@@ -38,6 +38,9 @@ pub struct Client {
     pub session: Session,
     pub server: Arc<Server>,
     tag: u16,
+    /// Try [`Session::handle_nowait`] first, as the stream transport does
+    /// (default); false: [`Session::handle`] only.
+    pub nowait: bool,
 }
 
 /// A decoded response: its type and body.
@@ -73,6 +76,7 @@ impl Client {
             session,
             server,
             tag: 0,
+            nowait: true,
         };
         let r = c.call(&Request::Version {
             msize: 1 << 20,
@@ -93,7 +97,10 @@ impl Client {
     /// Sends raw frame bytes and parses the single response frame.
     pub fn raw(&mut self, frame: &[u8]) -> Reply {
         let mut out = Vec::new();
-        self.session.handle(frame, &mut out);
+        if !(self.nowait && self.session.handle_nowait(frame, &mut out).is_some()) {
+            assert!(out.is_empty(), "a declined request appends nothing");
+            self.session.handle(frame, &mut out);
+        }
         check_frame(&out)
     }
 
