@@ -12,6 +12,7 @@
 //! `openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)` relative to a held
 //! descriptor, and every operation is descriptor-relative.
 
+mod dircache;
 pub mod fid;
 pub mod idmap;
 mod io;

@@ -59,13 +59,20 @@ impl Session {
             _ => {}
         }
         let cname = entry_name(name)?;
+        // A cached directory node is checked with one fstatat (the held
+        // descriptor pins its dentry, so that lookup finds it in memory).
+        if let Some(node) = self.server.dirs.get(dir, &cname) {
+            return Ok(node);
+        }
         let flags = libc::O_PATH | libc::O_NOFOLLOW;
         let fd = if nowait {
             sys::open_beneath_cached(dir.fd.as_fd(), &cname, flags)?
         } else {
             sys::open_beneath(dir.fd.as_fd(), &cname, flags, 0)?
         };
-        self.node_from_fd(dir, cname, fd)
+        let node = self.node_from_fd(dir, cname, fd)?;
+        self.server.dirs.insert(&node);
+        Ok(node)
     }
 
     /// Builds a node from a descriptor of an entry of `dir`.

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use thiserror::Error;
 
+use crate::dircache::DirCache;
 use crate::fid::{Fid, FidKind, FidTable, InsertError, Node, QidMap};
 use crate::idmap::IdMap;
 use crate::message::{decode_request, kind, parse_header, Request, NOTAG};
@@ -76,6 +77,7 @@ pub struct Server {
     pub(crate) root: Arc<Node>,
     proc_fd: OwnedFd,
     pub(crate) qids: QidMap,
+    pub(crate) dirs: DirCache,
     pub(crate) chown_new: bool,
 }
 
@@ -103,6 +105,7 @@ impl Server {
         )
         .map_err(|e| ServerError::Proc(std::io::Error::from_raw_os_error(e.0)))?;
         let qids = QidMap::new(st.st_dev);
+        let dirs = DirCache::new(st.st_dev);
         let root = Arc::new(Node {
             fd: Arc::new(fd),
             parent: None,
@@ -117,6 +120,7 @@ impl Server {
             root,
             proc_fd,
             qids,
+            dirs,
             chown_new,
         }))
     }

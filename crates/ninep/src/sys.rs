@@ -164,6 +164,22 @@ pub fn fstat(fd: BorrowedFd<'_>) -> SysResult<libc::stat> {
     Ok(st)
 }
 
+/// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)`: the stat of one entry of `dir`.
+pub fn stat_at(dir: BorrowedFd<'_>, name: &CStr) -> SysResult<libc::stat> {
+    // SAFETY: stat is plain old data; zeroed is a valid value.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointers; `name` is NUL-terminated.
+    check(unsafe {
+        libc::fstatat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            &mut st,
+            libc::AT_SYMLINK_NOFOLLOW | libc::AT_NO_AUTOMOUNT,
+        )
+    })?;
+    Ok(st)
+}
+
 /// `fstatfs(fd)`.
 pub fn fstatfs(fd: BorrowedFd<'_>) -> SysResult<libc::statfs64> {
     // SAFETY: POD, zeroed is valid.
