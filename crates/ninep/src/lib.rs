@@ -5,8 +5,10 @@
 //! - [`server`]: the export ([`Server`]) and per-connection [`Session`]s; a
 //!   session turns one request frame into one response frame.
 //! - [`fid`]: the O(1) fid table and inode → qid map.
-//! - [`transport`]: frame reader/writer traits, a worker-pool connection
-//!   driver (Tflush lives there) and unix/TCP listeners.
+//! - [`transport`]: frame reader/writer traits, a connection driver whose
+//!   reader serves cached requests itself ([`Session::handle_nowait`]) and
+//!   batches their replies, with a worker pool for requests that may wait
+//!   (Tflush lives there), and unix/TCP listeners.
 //!
 //! The export root is a jail: every lookup is one component resolved with
 //! `openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)` relative to a held

@@ -54,7 +54,13 @@ fuzz_target!(|raw: &[u8]| {
     .encode(1, &mut attach);
     session.handle(&attach, &mut out);
     out.clear();
-    session.handle(data, &mut out);
+    // Odd lengths go as the stream transport does: the non-blocking path
+    // first; a declined request must leave `out` untouched, and then the
+    // blocking path answers. Even lengths take the blocking path only.
+    if raw.len() % 2 == 0 || session.handle_nowait(data, &mut out).is_none() {
+        assert!(out.is_empty(), "a declined request appends nothing");
+        session.handle(data, &mut out);
+    }
     assert!(out.len() >= 7);
     assert_eq!(
         u32::from_le_bytes([out[0], out[1], out[2], out[3]]) as usize,

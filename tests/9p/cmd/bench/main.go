@@ -32,6 +32,7 @@ import (
 var (
 	densevm   = flag.String("densevm", "target/release/densevm", "densevm binary")
 	diodBin   = flag.String("diod", "diod", "diod binary")
+	baseline  = flag.String("baseline", "", "another densevm binary (e.g. main's) run in the same rotation; its CPU is reported as \"densevm baseline\"")
 	dir       = flag.String("dir", "build/9p-bench", "cache directory for the generated tree")
 	files     = flag.Int("files", 100000, "number of small files")
 	bigMiB    = flag.Int("big-mib", 1024, "size of the sequential-read file in MiB")
@@ -134,6 +135,8 @@ func start(name, root string) *server {
 	switch name {
 	case "densevm":
 		cmd = exec.Command(*densevm, "9p", "serve", root, "--listen", "tcp:"+addr)
+	case "baseline":
+		cmd = exec.Command(*baseline, "9p", "serve", root, "--listen", "tcp:"+addr)
 	case "diod":
 		// -n: no auth; -S -U root: every attach acts as root (the client sends no uid).
 		cmd = exec.Command(*diodBin, "-f", "-n", "-S", "-U", "root", "-e", root, "-l", addr, "-L", "stderr")
@@ -424,6 +427,8 @@ func main() {
 	names := []string{"densevm", "diod"}
 	if *only != "" {
 		names = []string{*only}
+	} else if *baseline != "" {
+		names = append(names, "baseline")
 	}
 	// Both servers run for the whole benchmark (an idle server costs nothing) and
 	// the rounds alternate between them, so that a burst of load from other
@@ -480,6 +485,20 @@ func main() {
 		dc, oc := median(ds, true).cpu, median(xs, true).cpu
 		fmt.Fprintf(&b, "| server CPU, %s | %.1f µs/%s (%.2f s) | %.1f µs/%s (%.2f s) | **%.2fx** |\n",
 			what, dc/float64(n)*1e6, unit, dc, oc/float64(n)*1e6, unit, oc, dc/max(oc, 0.01))
+		if len(results) > 2 {
+			var bs []sample
+			switch what {
+			case "many-files":
+				bs = results[2].many
+			case "seq-read":
+				bs = results[2].seq
+			default:
+				bs = results[2].meta
+			}
+			bc := median(bs, true).cpu
+			fmt.Fprintf(&b, "| server CPU, %s, densevm baseline (%s) | %.1f µs/%s (%.2f s) | | %.2fx |\n",
+				what, filepath.Base(*baseline), bc/float64(n)*1e6, unit, bc, bc/max(oc, 0.01))
+		}
 	}
 	if enabled("many") {
 		cpu("many-files", "file", nmany, d.many, o.many)
