@@ -510,6 +510,9 @@ func main() {
 		cpu("meta-storm", "op", *metaOps, d.meta, o.meta)
 	}
 	fmt.Fprintf(&b, "| server peak RSS (VmHWM) | %s | %s | |\n", d.rss, o.rss)
+	if len(results) > 2 {
+		fmt.Fprintf(&b, "| server peak RSS (VmHWM), densevm baseline | %s | | |\n", results[2].rss)
+	}
 	fmt.Print(b.String())
 	if *outPath != "" {
 		os.MkdirAll(filepath.Dir(*outPath), 0o755)
