@@ -34,9 +34,14 @@ test-9p: test-9p-go
 # lab.mk's test-lab runs every lab/tests/*.sh, ours included: hand it the module too.
 test-lab lab: export LAB_EXTRA += $(ninep_fd_ko)
 
+# Extra flags, e.g. NINEP_BENCH_ARGS="-baseline /path/to/old/densevm -rounds 5"
+# or the issue-15 CPU workload: "-files 2000 -big-mib 1 -passes 10 -workloads many"
+# (with NINEP_BENCH_DIR=build/9p-bench-2k).
+NINEP_BENCH_ARGS ?=
+
 bench-9p: build deps-9p
 	cd tests/9p && $(NINEP_GO) run ./cmd/bench -densevm $(NINEP_DENSEVM) -dir $(NINEP_BENCH_DIR) \
-	  -files $(NINEP_BENCH_FILES) -out $(CURDIR)/build/9p-bench.md
+	  -files $(NINEP_BENCH_FILES) -out $(CURDIR)/build/9p-bench.md $(NINEP_BENCH_ARGS)
 	@cat build/9p-bench.md
 
 # cargo-fuzz needs nightly features; RUSTC_BOOTSTRAP=1 lets the stable toolchain build it.
