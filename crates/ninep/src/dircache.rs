@@ -11,14 +11,17 @@
 //! symlinks are not followed, and the node's descriptor was itself opened
 //! with `openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)`.
 //!
-//! Only directories on the export's own device are kept (a cached node never
-//! pins another mount), at most [`CAPACITY`] of them; a full cache is emptied.
+//! Only directories on the export root's own mount are kept (same mount id,
+//! so neither they nor their ancestors are on another mount: a cached node
+//! never keeps a submount or bind mount busy after its fids are clunked), at
+//! most [`CAPACITY`] of them; a full cache is emptied. Without mount ids
+//! (kernels before 5.8) nothing is cached.
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
 use std::ffi::CStr;
 use std::hash::{Hash, Hasher};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::{Arc, Mutex};
 
 use crate::fid::{Node, FOREIGN_BASE};
@@ -32,17 +35,29 @@ pub const CAPACITY: usize = 1024;
 pub struct DirCache {
     /// Device of the export root.
     dev: u64,
+    /// Mount id of the export root (`None`: the cache is off).
+    mnt_id: Option<u64>,
     /// Hash of (parent node address, name) → node; a hit is compared in full.
     map: Mutex<HashMap<u64, Arc<Node>>>,
 }
 
 impl DirCache {
-    /// An empty cache for an export on device `dev`.
-    pub fn new(dev: u64) -> Self {
+    /// An empty cache for an export whose root is `root` (an `O_PATH` descriptor).
+    pub fn new(root: BorrowedFd<'_>) -> Self {
+        let id = sys::ident_at(root, c"").ok();
         DirCache {
-            dev,
+            dev: id.map_or(0, |i| i.dev),
+            mnt_id: id.and_then(|i| i.mnt_id),
             map: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// True if `id` is a directory on the export root's mount.
+    fn keeps(&self, id: &sys::Ident) -> bool {
+        self.mnt_id.is_some()
+            && id.mnt_id == self.mnt_id
+            && id.dev == self.dev
+            && id.ftype == libc::S_IFDIR
     }
 
     fn key(parent: &Arc<Node>, name: &[u8]) -> u64 {
@@ -72,14 +87,8 @@ impl DirCache {
             }
             n.clone()
         };
-        match sys::stat_at(parent.fd.as_fd(), name) {
-            Ok(st)
-                if st.st_dev == self.dev
-                    && st.st_ino == node.qid.path
-                    && st.st_mode & libc::S_IFMT == libc::S_IFDIR =>
-            {
-                Some(node)
-            }
+        match sys::ident_at(parent.fd.as_fd(), name) {
+            Ok(id) if self.keeps(&id) && id.ino == node.qid.path => Some(node),
             _ => {
                 // Renamed, removed or replaced on the host: forget it.
                 let mut m = self.lock();
@@ -91,15 +100,20 @@ impl DirCache {
         }
     }
 
-    /// Remembers a freshly looked-up node if it is a directory of the export's device.
+    /// Remembers a freshly looked-up node if it is a directory on the export
+    /// root's mount (one `statx` of the new node for directories of the root's device).
     pub fn insert(&self, node: &Arc<Node>) {
         // Qid paths below FOREIGN_BASE are inode numbers of the root's device.
-        if node.ftype != libc::S_IFDIR || node.qid.path >= FOREIGN_BASE {
+        if self.mnt_id.is_none() || node.ftype != libc::S_IFDIR || node.qid.path >= FOREIGN_BASE {
             return;
         }
         let Some(parent) = node.parent.as_ref() else {
             return;
         };
+        match sys::ident_at(node.fd.as_fd(), c"") {
+            Ok(id) if self.keeps(&id) && id.ino == node.qid.path => {}
+            _ => return,
+        }
         let key = Self::key(parent, node.name.as_bytes());
         let mut m = self.lock();
         if m.len() >= CAPACITY {

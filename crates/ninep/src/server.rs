@@ -105,7 +105,7 @@ impl Server {
         )
         .map_err(|e| ServerError::Proc(std::io::Error::from_raw_os_error(e.0)))?;
         let qids = QidMap::new(st.st_dev);
-        let dirs = DirCache::new(st.st_dev);
+        let dirs = DirCache::new(fd.as_fd());
         let root = Arc::new(Node {
             fd: Arc::new(fd),
             parent: None,

@@ -164,20 +164,45 @@ pub fn fstat(fd: BorrowedFd<'_>) -> SysResult<libc::stat> {
     Ok(st)
 }
 
-/// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)`: the stat of one entry of `dir`.
-pub fn stat_at(dir: BorrowedFd<'_>, name: &CStr) -> SysResult<libc::stat> {
-    // SAFETY: stat is plain old data; zeroed is a valid value.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+/// Identity of an inode as `statx` reports it: enough to tell whether a
+/// name still leads to a given inode, and on which mount.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ident {
+    /// Device (`st_dev`).
+    pub dev: u64,
+    /// Inode number.
+    pub ino: u64,
+    /// File type bits (`S_IFMT` part of the mode).
+    pub ftype: u32,
+    /// Mount id (`STATX_MNT_ID`), `None` if the kernel does not report it (< 5.8).
+    pub mnt_id: Option<u64>,
+}
+
+/// `statx(dir, name, AT_SYMLINK_NOFOLLOW | AT_NO_AUTOMOUNT)` reduced to an
+/// [`Ident`]; an empty `name` means `dir` itself (`AT_EMPTY_PATH`).
+pub fn ident_at(dir: BorrowedFd<'_>, name: &CStr) -> SysResult<Ident> {
+    // SAFETY: statx is plain old data; zeroed is a valid value.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    let mut flags = libc::AT_SYMLINK_NOFOLLOW | libc::AT_NO_AUTOMOUNT;
+    if name.is_empty() {
+        flags |= libc::AT_EMPTY_PATH;
+    }
     // SAFETY: valid pointers; `name` is NUL-terminated.
     check(unsafe {
-        libc::fstatat(
+        libc::statx(
             dir.as_raw_fd(),
             name.as_ptr(),
-            &mut st,
-            libc::AT_SYMLINK_NOFOLLOW | libc::AT_NO_AUTOMOUNT,
+            flags,
+            libc::STATX_TYPE | libc::STATX_INO | libc::STATX_MNT_ID,
+            &mut stx,
         )
     })?;
-    Ok(st)
+    Ok(Ident {
+        dev: libc::makedev(stx.stx_dev_major, stx.stx_dev_minor),
+        ino: stx.stx_ino,
+        ftype: stx.stx_mode as u32 & libc::S_IFMT,
+        mnt_id: (stx.stx_mask & libc::STATX_MNT_ID != 0).then_some(stx.stx_mnt_id),
+    })
 }
 
 /// `fstatfs(fd)`.
