@@ -164,4 +164,51 @@ mod tests {
         assert_eq!(s.lookup(&root, b"d").err(), Some(sys::Errno(libc::ENOENT)));
         let _ = std::fs::remove_dir_all(&dir);
     }
+
+    /// Run as root in a private mount namespace:
+    /// `unshare -m --propagation private cargo test -p densevm-9p --lib dircache -- --ignored`
+    #[test]
+    #[ignore = "needs root and a private mount namespace (see the comment)"]
+    fn directories_on_another_mount_are_not_kept() {
+        use std::ffi::CString;
+        let dir = std::env::temp_dir().join(format!("ninep-dircache-mnt-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        for d in ["plain", "sub", "other"] {
+            std::fs::create_dir_all(dir.join(d)).unwrap();
+        }
+        let c = |p: &std::path::Path| CString::new(p.to_str().unwrap()).unwrap();
+        let (src, dst) = (c(&dir.join("other")), c(&dir.join("sub")));
+        // SAFETY: NUL-terminated paths; a bind mount in the test's own namespace.
+        let r = unsafe {
+            libc::mount(
+                src.as_ptr(),
+                dst.as_ptr(),
+                std::ptr::null(),
+                libc::MS_BIND,
+                std::ptr::null(),
+            )
+        };
+        assert_eq!(r, 0, "bind mount: {}", std::io::Error::last_os_error());
+        let server = Server::new(&dir, Config::default()).unwrap();
+        let s = server.session();
+        let root = server.root.clone();
+        let sub = s.lookup(&root, b"sub").unwrap();
+        assert_eq!(
+            server.dirs.len(),
+            0,
+            "a bind mount (same device) is not kept"
+        );
+        s.lookup(&root, b"plain").unwrap();
+        assert_eq!(server.dirs.len(), 1, "a directory of the root's mount is");
+        drop(sub);
+        // SAFETY: NUL-terminated path.
+        let r = unsafe { libc::umount2(dst.as_ptr(), 0) };
+        assert_eq!(
+            r,
+            0,
+            "nothing keeps the mount busy: {}",
+            std::io::Error::last_os_error()
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
