@@ -75,6 +75,11 @@ enum FleetCommand {
         /// Policy period, milliseconds.
         #[arg(long, default_value_t = 1000)]
         tick_ms: u64,
+        /// A VM using less CPU than this (percent of one CPU) for 10 ticks in a row is idle
+        /// (default 2). Raise it where idle guests cost more, e.g. under emulation (the
+        /// nested lab: 2-3%).
+        #[arg(long, value_name = "PCT")]
+        idle_cpu_pct: Option<f64>,
         /// Seconds a delete waits after SIGTERM before SIGKILL.
         #[arg(long, default_value_t = 5)]
         grace_secs: u64,
@@ -234,6 +239,7 @@ pub fn main(args: FleetArgs) -> anyhow::Result<i32> {
             cgroup,
             cgroup_overhead_mib,
             tick_ms,
+            idle_cpu_pct,
             grace_secs,
         } => serve(ServeArgs {
             sock,
@@ -243,6 +249,7 @@ pub fn main(args: FleetArgs) -> anyhow::Result<i32> {
             cgroup,
             overhead_mib: cgroup_overhead_mib,
             tick: Duration::from_millis(tick_ms.max(10)),
+            idle_cpu_pct,
             grace: Duration::from_secs(grace_secs),
         }),
         FleetCommand::Create(c) => {
@@ -326,6 +333,7 @@ struct ServeArgs {
     cgroup: String,
     overhead_mib: u64,
     tick: Duration,
+    idle_cpu_pct: Option<f64>,
     grace: Duration,
 }
 
@@ -357,6 +365,9 @@ fn serve(a: ServeArgs) -> anyhow::Result<i32> {
     }
     if let Some(w) = a.high_watermark {
         policy.high_watermark_mib = resolve(w, host.mem_total_mib);
+    }
+    if let Some(pct) = a.idle_cpu_pct {
+        policy.idle_cpu_pct = pct;
     }
     policy.check().map_err(anyhow::Error::msg)?;
     std::fs::create_dir_all(&a.state_dir)

@@ -127,6 +127,12 @@ impl PolicyConfig {
         if self.step_mib == 0 || self.min_change_mib > self.step_mib {
             return Err("step must be > 0 and at least the smallest change".into());
         }
+        if !(self.idle_cpu_pct > 0.0 && self.idle_cpu_pct <= 100.0) {
+            return Err(format!(
+                "the idle CPU threshold ({}%) must be over 0% and at most 100%",
+                self.idle_cpu_pct
+            ));
+        }
         if self.short_available_pct >= 50 {
             return Err("short_available_pct must be under 50".into());
         }
@@ -167,11 +173,31 @@ pub struct GuestStats {
 }
 
 impl GuestStats {
-    /// What the guest uses besides page cache (`total - free - caches`).
-    pub fn need_mib(&self) -> u64 {
-        self.total_mib
+    /// What the guest of a VM with `memory_mib` of RAM uses besides page cache and its
+    /// balloon, so cannot give back: the larger of `total - free - caches` and
+    /// `total - available`, less the balloon when `total` holds it.
+    ///
+    /// `caches` (Linux's file pages) holds tmpfs and shared memory too, which a guest
+    /// without swap cannot drop; `available` leaves them out (in the nested lab, reclaim
+    /// inflated a high-priority guest whose workload filled a tmpfs, because its tmpfs
+    /// looked like cache). Linux keeps inflated pages in its total (`MemTotal`) when the
+    /// balloon has deflate-on-OOM, as every fleet VM's has, and takes them out otherwise;
+    /// counted as used, the balloon would raise the guest's floor with every inflate, so
+    /// that reclaim stalled with most of the guest's cache still there (the lab: 512 MiB
+    /// guests holding 230 MiB of cache stopped at about 290 MiB). A guest's total is under
+    /// its RAM by what its kernel reserves, so `total + actual > RAM` tells the two apart.
+    pub fn need_mib(&self, memory_mib: u64) -> u64 {
+        let besides_cache = self
+            .total_mib
             .saturating_sub(self.free_mib)
-            .saturating_sub(self.caches_mib)
+            .saturating_sub(self.caches_mib);
+        let unavailable = self.total_mib.saturating_sub(self.available_mib);
+        let used = besides_cache.max(unavailable);
+        if self.total_mib + self.balloon_actual_mib > memory_mib {
+            used.saturating_sub(self.balloon_actual_mib)
+        } else {
+            used
+        }
     }
 }
 
@@ -465,7 +491,7 @@ fn short_threshold(cfg: &PolicyConfig, effective_mib: u64) -> u64 {
 /// guest's use besides page cache to leave twice the "short" threshold available, so an
 /// inflate never makes the guest short (which would call for a deflate: oscillation).
 fn guest_floor(cfg: &PolicyConfig, vm: &VmInput, s: &GuestStats) -> u64 {
-    let need = s.need_mib();
+    let need = s.need_mib(vm.memory_mib);
     let pct = cfg.short_available_pct.min(49);
     let relative = (need * 100).div_ceil(100 - 2 * pct);
     vm.min_mib
@@ -560,34 +586,43 @@ fn grow(
     let mut budget = avail - cfg.high_watermark_mib;
     for i in order {
         let v = &mut views[i];
-        let room = v.vm.max_mib - v.vm.effective_mib();
-        let amount = cfg.step_mib.min(room).min(budget).min(v.vm.balloon_mib);
-        if amount < cfg.min_change_mib {
+        // A guest that deflated on its own (deflate-on-OOM: its balloon under the target)
+        // is deflated from where its balloon is: a target between the two would make the
+        // short guest inflate again.
+        let actual =
+            v.vm.stats
+                .map_or(v.vm.balloon_mib, |s| s.balloon_actual_mib);
+        let from = v.vm.balloon_mib.min(actual);
+        let room = v.vm.max_mib.saturating_sub(v.vm.memory_mib - from);
+        let amount = cfg.step_mib.min(room).min(budget).min(from);
+        let to = from - amount;
+        if v.vm.balloon_mib - to < cfg.min_change_mib {
             continue;
         }
         budget -= amount;
         let s = v.vm.stats.unwrap_or_default();
+        let own = if from < v.vm.balloon_mib {
+            format!(
+                " (its balloon deflated on its own to {from} MiB, under the target {} MiB)",
+                v.vm.balloon_mib
+            )
+        } else {
+            String::new()
+        };
         let detail = format!(
             "guest {} ({}) is short of memory (available {} MiB, {} major faults, {} KiB \
              swapped in) and host MemAvailable {avail} MiB > high watermark {} MiB: deflate \
-             by {amount} MiB to {} MiB of guest memory (max {} MiB)",
+             by {amount} MiB to {} MiB of guest memory (max {} MiB){own}",
             v.vm.id,
             v.vm.priority.as_str(),
             s.available_mib,
             s.major_faults_delta,
             s.swap_in_delta_kib,
             cfg.high_watermark_mib,
-            v.vm.effective_mib() + amount,
+            v.vm.memory_mib - to,
             v.vm.max_mib
         );
-        push(
-            actions,
-            v,
-            v.vm.balloon_mib - amount,
-            Reason::GuestShort,
-            detail,
-            tick,
-        );
+        push(actions, v, to, Reason::GuestShort, detail, tick);
     }
 }
 
@@ -626,7 +661,7 @@ fn squeeze(cfg: &PolicyConfig, views: &mut [View<'_>], actions: &mut Vec<Action>
              cache; inflate by {amount} MiB to {} MiB of guest memory (floor {} MiB)",
             v.vm.id,
             v.vm.priority.as_str(),
-            s.need_mib(),
+            s.need_mib(v.vm.memory_mib),
             s.caches_mib,
             eff - amount,
             v.floor

@@ -18,6 +18,8 @@ struct SimVm {
     cache_want: u64,
     cpu: f64,
     has_stats: bool,
+    /// Its balloon has deflate-on-OOM: Linux keeps inflated pages in the guest's total.
+    doo: bool,
 }
 
 fn vm(id: &'static str, priority: Priority, memory: u64) -> SimVm {
@@ -32,6 +34,7 @@ fn vm(id: &'static str, priority: Priority, memory: u64) -> SimVm {
         cache_want: 0,
         cpu: 0.0,
         has_stats: true,
+        doo: false,
     }
 }
 
@@ -87,7 +90,7 @@ impl Sim {
         let free = eff - need - caches;
         GuestStats {
             balloon_actual_mib: v.balloon,
-            total_mib: eff,
+            total_mib: if v.doo { v.memory } else { eff },
             free_mib: free,
             available_mib: free + caches,
             caches_mib: caches,
@@ -195,9 +198,17 @@ fn defaults_follow_the_host_and_are_consistent() {
         .check()
         .unwrap_err()
         .contains("under the high watermark"));
-    let mut bad = cfg;
+    let mut bad = cfg.clone();
     bad.step_mib = 0;
     assert!(bad.check().is_err());
+    for pct in [0.0, -1.0, 100.5, f64::NAN] {
+        let mut bad = cfg.clone();
+        bad.idle_cpu_pct = pct;
+        assert!(bad.check().unwrap_err().contains("idle CPU"), "{pct}");
+    }
+    let mut lab = cfg;
+    lab.idle_cpu_pct = 5.0;
+    lab.check().unwrap();
 }
 
 #[test]
@@ -530,4 +541,133 @@ fn vms_that_left_are_forgotten() {
     sim.vms.clear();
     sim.step();
     assert!(sim.state.vms.is_empty());
+}
+
+/// With deflate-on-OOM (every fleet VM's balloon) the guest's total keeps its inflated
+/// pages: they must not count as memory the guest uses, or each inflate raises the guest's
+/// floor and reclaim stalls with the cache still in the guests (the nested lab: 512 MiB
+/// guests stopped at ~290 MiB with 230 MiB of cache, the host under its low watermark).
+#[test]
+fn reclaim_takes_the_cache_of_guests_whose_total_holds_the_balloon() {
+    let vms = (0..4)
+        .map(|i| {
+            let mut v = idle(vm(["a", "b", "c", "d"][i], Priority::Low, 512));
+            v.need = 40;
+            v.cache_want = 300;
+            v.doo = true;
+            v
+        })
+        .collect();
+    // 4 x 340 MiB resident + 600: 88 MiB available, under the low watermark (400).
+    let mut sim = Sim::new(2048, 600, vms);
+    assert!(sim.available() < sim.cfg.low_watermark_mib);
+    let s = Sim::stats(sim.vm("a"));
+    assert_eq!(s.need_mib(512), 40);
+    sim.run(100);
+    assert!(
+        sim.available() >= sim.cfg.low_watermark_mib,
+        "reclaim stalled at {} MiB available: {:?}",
+        sim.available(),
+        sim.log
+    );
+    // What a guest uses is its need, whatever its balloon: inflated to 300 MiB, the
+    // guest's total (512) holds the balloon and need_mib leaves it out.
+    let mut v = vm("x", Priority::Low, 512);
+    v.need = 40;
+    v.doo = true;
+    v.balloon = 300;
+    assert_eq!(Sim::stats(&v).need_mib(512), 40);
+    v.doo = false;
+    assert_eq!(Sim::stats(&v).need_mib(512), 40);
+}
+
+/// A short guest that deflated on its own (deflate-on-OOM: its balloon under its target)
+/// is deflated from its balloon's actual size, never to a target between the two, which
+/// would make it inflate again while short.
+#[test]
+fn a_guest_that_deflated_on_its_own_is_grown_from_its_actual_balloon() {
+    let mut cfg = PolicyConfig::for_host(2048);
+    cfg.low_watermark_mib = 400;
+    cfg.high_watermark_mib = 600;
+    let input = PolicyInput {
+        tick: 0,
+        host: HostSample {
+            mem_total_mib: 2048,
+            mem_available_mib: 1000,
+            ..Default::default()
+        },
+        vms: vec![VmInput {
+            id: "hi".into(),
+            priority: Priority::High,
+            memory_mib: 512,
+            min_mib: 128,
+            max_mib: 512,
+            balloon_mib: 256,
+            cpu_pct: Some(80.0),
+            stats: Some(GuestStats {
+                balloon_actual_mib: 172,
+                total_mib: 470,
+                free_mib: 8,
+                available_mib: 12,
+                caches_mib: 4,
+                ..Default::default()
+            }),
+        }],
+    };
+    let d = decide(&cfg, &PolicyState::default(), &input);
+    assert_eq!(d.mode, HostMode::Grow);
+    assert_eq!(d.actions.len(), 1, "{:?}", d.actions);
+    let a = &d.actions[0];
+    assert_eq!(
+        (a.direction, a.reason, a.from_mib, a.balloon_mib),
+        (Direction::Deflate, Reason::GuestShort, 256, 172 - 64),
+        "{a:?}"
+    );
+    assert!(
+        a.detail.contains("deflated on its own to 172 MiB"),
+        "{}",
+        a.detail
+    );
+}
+
+/// A guest's tmpfs is in its `caches` but not in its `available`: it is memory the guest
+/// uses, not cache it could drop, and reclaim leaves it (plus headroom) to the guest.
+#[test]
+fn tmpfs_counts_as_used_not_as_cache() {
+    let tmpfs = GuestStats {
+        balloon_actual_mib: 0,
+        total_mib: 470,
+        free_mib: 20,
+        available_mib: 60,
+        // 200 MiB of file pages, 160 of them a tmpfs.
+        caches_mib: 200,
+        ..Default::default()
+    };
+    assert_eq!(tmpfs.need_mib(512), 410);
+    let mut cfg = PolicyConfig::for_host(2048);
+    cfg.low_watermark_mib = 400;
+    cfg.high_watermark_mib = 600;
+    let input = PolicyInput {
+        tick: 0,
+        host: HostSample {
+            mem_total_mib: 2048,
+            mem_available_mib: 100,
+            ..Default::default()
+        },
+        vms: vec![VmInput {
+            id: "hi".into(),
+            priority: Priority::High,
+            memory_mib: 512,
+            min_mib: 128,
+            max_mib: 512,
+            balloon_mib: 0,
+            cpu_pct: Some(0.0),
+            stats: Some(tmpfs),
+        }],
+    };
+    let d = decide(&cfg, &PolicyState::default(), &input);
+    assert_eq!(d.mode, HostMode::Reclaim);
+    for a in &d.actions {
+        assert!(512 - a.balloon_mib >= 410 + 64, "{a:?}");
+    }
 }
