@@ -277,13 +277,17 @@ fn ticks_run_the_policy_through_each_vms_balloon_and_count_it() {
     t.set_host(4096, 300);
     t.fleet.tick();
     let lo = t.fake("lo");
-    assert_eq!(lo.balloon_sets, [64], "one bounded step");
+    assert_eq!(
+        lo.balloon_sets,
+        [24 + 64],
+        "one bounded step over what the guest had free"
+    );
     assert!(
         t.fake("nostats").balloon_sets.is_empty(),
         "no stats: left alone"
     );
     let info = t.client.get("lo").unwrap();
-    assert_eq!(info.balloon_mib, 64);
+    assert_eq!(info.balloon_mib, 88);
     assert_eq!(info.guest.unwrap().available_mib, 900);
     assert!(t
         .client
@@ -330,7 +334,7 @@ fn ticks_run_the_policy_through_each_vms_balloon_and_count_it() {
             "densevm_fleet_vm_balloon_target_bytes",
             &[("vm", "lo"), ("priority", "normal")]
         )],
-        (64u64 << 20) as f64
+        (88u64 << 20) as f64
     );
     assert_eq!(
         m[&key(

@@ -523,7 +523,7 @@ fn reclaim(
                 && !v.acted
                 && below.is_none_or(|p| v.idle && v.vm.priority < p)
                 && cooled(v.mem.last_deflate, tick, cfg.reverse_cooldown_ticks)
-                && v.vm.effective_mib() > v.floor
+                && gainable(v) >= cfg.min_change_mib
         })
         .collect();
     // Idle first, then low priority first, then the most to give first.
@@ -532,7 +532,7 @@ fn reclaim(
         b.idle
             .cmp(&a.idle)
             .then(a.vm.priority.cmp(&b.vm.priority))
-            .then((b.vm.effective_mib() - b.floor).cmp(&(a.vm.effective_mib() - a.floor)))
+            .then(gainable(b).cmp(&gainable(a)))
             .then(a.vm.id.cmp(&b.vm.id))
     });
     let mut left = need;
@@ -541,13 +541,20 @@ fn reclaim(
             break;
         }
         let v = &mut views[i];
-        let amount = cfg.step_mib.min(v.vm.effective_mib() - v.floor).min(left);
-        if amount < cfg.min_change_mib {
+        // An inflate takes the guest's free memory first, which free page reporting has
+        // given back to the host already: only what it takes beyond that (page cache)
+        // frees host memory, so the balloon grows by the free memory plus the gain.
+        let room = v.vm.effective_mib() - v.floor;
+        let free = free_mib(v).min(room);
+        let gain = cfg.step_mib.min(room - free).min(left);
+        if gain < cfg.min_change_mib {
             continue;
         }
-        left -= amount;
+        let amount = free + gain;
+        left -= gain;
         let detail = format!(
-            "{why}: inflate {} ({}{}) by {amount} MiB to {} MiB of guest memory (floor {} MiB)",
+            "{why}: inflate {} ({}{}) by {amount} MiB ({gain} MiB for the host, {free} MiB \
+             the guest had free) to {} MiB of guest memory (floor {} MiB)",
             v.vm.id,
             v.vm.priority.as_str(),
             if v.idle { ", idle" } else { "" },
@@ -556,6 +563,20 @@ fn reclaim(
         );
         push(actions, v, v.vm.balloon_mib + amount, reason, detail, tick);
     }
+}
+
+/// The guest's free memory (0 without statistics): free page reporting has returned it to
+/// the host already.
+fn free_mib(v: &View<'_>) -> u64 {
+    v.vm.stats.map_or(0, |s| s.free_mib)
+}
+
+/// What inflating a VM down to its floor would free on the host: its memory above the
+/// floor that is not free in the guest.
+fn gainable(v: &View<'_>) -> u64 {
+    v.vm.effective_mib()
+        .saturating_sub(v.floor)
+        .saturating_sub(free_mib(v))
 }
 
 fn grow(
