@@ -77,3 +77,18 @@ bench-clones: guest
 
 TEST_TARGETS += test-lab
 BENCH_TARGETS += bench-lab bench-virtio bench-clones
+
+# make bench-density: how many idle 256 MiB VMs running the same workload one L1 holds
+# before its MemAvailable falls under 256 MiB, QEMU 7.2 (free-page-reporting=on) against the
+# densevm fleet (snapshot clones, balloon, free page reporting), issue #12. One L1 run with
+# 1 GiB (the script's "# lab-mem" line; LAB_MEM overrides it); knobs BENCH_DENSITY_* (see
+# the script). Results in build/lab/density.txt, the plot in build/lab/density.svg.
+.PHONY: bench-density
+bench-density: guest
+	@mkdir -p build/lab
+	DENSEVM=$(LAB_DENSEVM) LAB_TIMEOUT=$${LAB_TIMEOUT:-3600} lab/run lab/bench/density.sh > build/lab/density.txt; \
+	  status=$$?; cat build/lab/density.txt; \
+	  python3 scripts/density-plot.py build/lab/density.txt build/lab/density.svg $${BENCH_DENSITY_FLOOR_MIB:-256} || status=1; \
+	  exit $$status
+
+BENCH_TARGETS += bench-density
