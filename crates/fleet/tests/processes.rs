@@ -76,6 +76,19 @@ fn a_restarted_daemon_adopts_running_vms_and_reports_gone_ones() {
         .spawn()
         .unwrap();
     record("alive", child.id());
+    // Until the child has exec'd, its command line is this test's: wait for the shell's.
+    let cmdline = format!("/proc/{}/cmdline", child.id());
+    let t0 = std::time::Instant::now();
+    while !std::fs::read(&cmdline)
+        .map(|c| String::from_utf8_lossy(&c).contains("--api-sock"))
+        .unwrap_or(false)
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the stand-in VMM did not start"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
     // A record whose process is gone (pid 2^30 is above any pid_max).
     record("gone", 1 << 30);
     let launcher = common::FakeLauncher::default();
