@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::*;
-use pcow::{Chain, Image, Op, RecordingStorage, Storage};
+use pcow::{Chain, Image, MemStorage, Op, Recorder, RecordingStorage, Storage};
 
 /// Chunk size used by the crash tests.
 pub const CS: u64 = 16384;
@@ -144,4 +144,83 @@ pub fn verify_flexible(storages: &[Arc<dyn Storage>], step: &Step, what: &str) {
         .unwrap_or(true);
     let files = if needs_base { storages } else { &storages[..1] };
     verify(files, &step.before, &step.after, what);
+}
+
+/// A recorded top over a recorded base that holds `base_view`, opened as a chain, with the
+/// steps run on it so far: what every crash test starts from.
+pub struct Fixture {
+    pub rec: Recorder,
+    pub top_rec: RecordingStorage,
+    pub base_rec: RecordingStorage,
+    pub chain: Chain,
+    pub state: State,
+    pub steps: Vec<Step>,
+}
+
+impl Fixture {
+    /// Base and top images of `size` bytes ([`CS`] clusters), the base written with
+    /// `base_view` and flushed before recording starts.
+    pub fn new(size: u64, base_view: Vec<u8>) -> Fixture {
+        let base_mem = MemStorage::new("base");
+        create_in(Arc::new(base_mem.clone()), CS, size, None);
+        {
+            let bs: Arc<dyn Storage> = Arc::new(base_mem.clone());
+            let mut b = open_chain(&[bs]).unwrap();
+            b.write(0, &base_view).unwrap();
+            b.flush().unwrap();
+        }
+        let top_mem = MemStorage::new("top");
+        {
+            let bs: Arc<dyn Storage> = Arc::new(base_mem.clone());
+            create_in(Arc::new(top_mem.clone()), CS, size, Some(&bs));
+        }
+        let rec = Recorder::new();
+        let top_rec = rec.wrap(0, top_mem);
+        let base_rec = rec.wrap(1, base_mem);
+        let storages: Vec<Arc<dyn Storage>> =
+            vec![Arc::new(top_rec.clone()), Arc::new(base_rec.clone())];
+        let chain = open_chain(&storages).unwrap();
+        Fixture {
+            rec,
+            top_rec,
+            base_rec,
+            chain,
+            state: State {
+                view: base_view,
+                snapshots: BTreeMap::new(),
+            },
+            steps: Vec::new(),
+        }
+    }
+
+    /// Runs one step on the chain and the model, flushes, and records its log range.
+    pub fn run(&mut self, name: &'static str, f: &mut dyn FnMut(&mut Chain, &mut State)) {
+        let before = self.state.clone();
+        let start = self.rec.op_count();
+        f(&mut self.chain, &mut self.state);
+        self.chain.flush().unwrap();
+        self.steps.push(Step {
+            name,
+            start,
+            end: self.rec.op_count(),
+            before,
+            after: self.state.clone(),
+        });
+    }
+
+    /// Checks every crash point of every step run ([`check_steps`]).
+    pub fn check(self) -> usize {
+        drop(self.chain);
+        check_steps(&self.steps, &self.rec.ops(), &self.top_rec, &self.base_rec)
+    }
+}
+
+/// A step writing `len` bytes of `pattern(seed)` at `off`.
+pub fn write_op(off: u64, len: u64, seed: u8) -> impl FnMut(&mut Chain, &mut State) {
+    let len = len as usize;
+    move |c: &mut Chain, s: &mut State| {
+        let d = pattern(seed, len);
+        c.write(off, &d).unwrap();
+        s.view[off as usize..off as usize + len].copy_from_slice(&d);
+    }
 }
