@@ -159,6 +159,13 @@ fn write_nonzero_runs(data: &[u8], out: &File, offset: u64) -> io::Result<u64> {
     Ok(written)
 }
 
+/// Whether a /proc/self/pagemap entry is a page this process holds privately (present or
+/// swapped, and not a file page: a written copy over a file, or anonymous memory).
+fn is_private(entry: &[u8]) -> bool {
+    let e = u64::from_le_bytes(entry.try_into().unwrap_or([0; 8]));
+    e & (PM_PRESENT | PM_SWAP) != 0 && e & PM_FILE == 0
+}
+
 /// Which pages of a region to copy.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Pages {
@@ -203,9 +210,7 @@ fn copy_pages(region: &RegionInfo, out: &File, which: Pages, skip_zero: bool) ->
         }
         for (i, entry) in bytes.chunks_exact(8).enumerate() {
             let index = page + i as u64;
-            let e = u64::from_le_bytes(entry.try_into().unwrap_or([0; 8]));
-            let mut copy =
-                which == Pages::All || (e & (PM_PRESENT | PM_SWAP) != 0 && e & PM_FILE == 0);
+            let mut copy = which == Pages::All || is_private(entry);
             if copy && skip_zero {
                 // SAFETY: inside the region's live mapping, as above.
                 let data = unsafe {
@@ -418,11 +423,7 @@ pub fn matches_template(regions: &[RegionInfo], ram: &RamFile) -> io::Result<boo
             let n = (pages - page).min(4096);
             let bytes = &mut entries[..(8 * n) as usize];
             pagemap.read_exact_at(bytes, (r.host_addr / PAGE + page) * 8)?;
-            let private = bytes.chunks_exact(8).any(|entry| {
-                let e = u64::from_le_bytes(entry.try_into().unwrap_or([0; 8]));
-                e & (PM_PRESENT | PM_SWAP) != 0 && e & PM_FILE == 0
-            });
-            if private {
+            if bytes.chunks_exact(8).any(is_private) {
                 return Ok(false);
             }
             page += n;
@@ -456,10 +457,7 @@ mod tests {
         ram_with_windows(size, 0, 4 << 30, Vec::new())
     }
 
-    /// Shared RAM file → frozen template → private writes: the template keeps the bytes
-    /// from before the freeze, the VM sees its own writes, and a snapshot of the VM
-    /// holds template data overlaid with the private pages (including a page written
-    /// back to zeros), with holes where nothing was ever written.
+    /// A VM private over its template matches it until it writes a page or discards one.
     #[test]
     fn a_vm_that_wrote_nothing_since_its_freeze_matches_its_template() {
         let size = 4 << 20;
@@ -496,6 +494,10 @@ mod tests {
         assert!(!matches_template(memory.regions(), &RamFile::new(None, false)).unwrap());
     }
 
+    /// Shared RAM file → frozen template → private writes: the template keeps the bytes
+    /// from before the freeze, the VM sees its own writes, and a snapshot of the VM
+    /// holds template data overlaid with the private pages (including a page written
+    /// back to zeros), with holes where nothing was ever written.
     #[test]
     fn freeze_keeps_the_template_and_snapshots_merge_private_pages() {
         let size = 4 << 20;
