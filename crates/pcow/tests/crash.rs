@@ -5,7 +5,6 @@
 
 mod common;
 
-
 use common::harness::*;
 use common::*;
 use pcow::{AllocInit, Op};

@@ -4,7 +4,6 @@
 
 mod common;
 
-
 use common::harness::*;
 use common::*;
 use pcow::Chain;

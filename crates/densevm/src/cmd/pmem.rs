@@ -22,11 +22,9 @@ struct Slot {
 }
 
 impl Slot {
-    fn handle(&self) -> WriteFaultHandle {
-        self.handle
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+    /// The current mapping's handle, read-locked (no clone on the vCPU write-exit path).
+    fn handle(&self) -> std::sync::RwLockReadGuard<'_, WriteFaultHandle> {
+        self.handle.read().unwrap_or_else(|p| p.into_inner())
     }
 }
 
