@@ -1,0 +1,476 @@
+//! Memory tiering under a DRAM budget.
+//!
+//! A [`Tier`] watches the *areas* of one shmem file (a VM's RAM memfd) that are mapped
+//! `MAP_SHARED` at some host addresses, and keeps the DRAM they use — the file's resident
+//! pages plus the compressed store — under a budget. When it is over, the coldest resident
+//! pages leave the file (a punched hole) for a slower tier: nothing for a zero page, LZ4 in
+//! memory for what compresses, an unlinked file for what does not or, once the compressed
+//! store is full, for its oldest pages. An access to a page that left faults (userfaultfd
+//! *missing* fault, raised for host threads and for KVM's vCPU accesses alike) and the
+//! tier's service thread copies the page back in, with its neighbours when the accesses
+//! are sequential.
+//!
+//! Cold pages are found without DAMON or idle-page tracking: a clock hand walks the
+//! file's resident pages and *arms* each (`MADV_DONTNEED` on the mapping: the page stays
+//! in the file, its page-table entries and KVM's translations go), and the next access
+//! to an armed page is a userfaultfd *minor* fault, answered at once (`UFFDIO_CONTINUE`)
+//! after clearing the arm. A page still armed when the hand comes round again was not
+//! touched for a whole turn: it is the victim. The hand only moves when pages must go
+//! (and slowly ahead of need, above 7/8 of the budget), so an idle or fitting VM costs
+//! nothing.
+//!
+//! The tier is a cache of guest RAM, never of data that must outlive the process: the
+//! swap file is unlinked from birth and the compressed store is heap memory.
+//!
+//! This crate knows no KVM and no VMM types: it sees a file, host addresses and a budget.
+
+mod service;
+mod store;
+mod table;
+
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+use densevm_uffd::Uffd;
+
+use store::{Compressed, Swap};
+use table::{Location, Table};
+
+/// Page size the tier works in.
+pub const PAGE: u64 = 4096;
+
+/// One mapping of the file: `len` bytes from file offset `offset`, mapped `MAP_SHARED` at
+/// `host_addr` (page aligned).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Area {
+    /// Offset in the file.
+    pub offset: u64,
+    /// Host address of the mapping.
+    pub host_addr: u64,
+    /// Length in bytes.
+    pub len: u64,
+}
+
+/// How a tier is set up.
+#[derive(Clone, Debug)]
+pub struct TierConfig {
+    /// DRAM the areas may use: resident file pages plus compressed bytes.
+    pub budget: u64,
+    /// Most bytes the compressed store may hold (counted within the budget); `None`: a
+    /// quarter of the budget.
+    pub compressed_max: Option<u64>,
+    /// Directory of the swap file (created unlinked, on first use).
+    pub swap_dir: PathBuf,
+}
+
+/// What went wrong starting a tier.
+#[derive(Debug, thiserror::Error)]
+pub enum TierError {
+    /// No userfaultfd with shmem minor faults.
+    #[error(
+        "memory tiering needs userfaultfd with shmem minor faults (Linux >= 5.13) that also \
+         sees KVM's faults: open /dev/userfaultfd read-write or run with CAP_SYS_PTRACE: {0}"
+    )]
+    Uffd(io::Error),
+    /// An area is not page aligned or not inside the file.
+    #[error("tier area {0:x?} is not page aligned or lies outside the file")]
+    BadArea(Area),
+    /// Registering an area failed.
+    #[error("cannot register {len:#x} bytes at {addr:#x} for tiering (must be a MAP_SHARED mapping of a memfd or tmpfs file): {source}")]
+    Register {
+        /// Host address.
+        addr: u64,
+        /// Length.
+        len: u64,
+        /// The kernel's error.
+        source: io::Error,
+    },
+    /// Other I/O.
+    #[error("memory tier: {0}")]
+    Io(#[from] io::Error),
+}
+
+/// Counters and sizes of a tier.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TierStats {
+    /// The budget in bytes.
+    pub budget: u64,
+    /// Resident bytes of the file.
+    pub resident: u64,
+    /// Pages in the compressed store and the bytes they take.
+    pub compressed_pages: u64,
+    /// Compressed bytes held.
+    pub compressed_bytes: u64,
+    /// Pages in the swap file.
+    pub swap_pages: u64,
+    /// Pages that left the file: zero (kept as nothing), compressed, to the swap file.
+    pub evicted_zero: u64,
+    /// Pages compressed on eviction.
+    pub evicted_compressed: u64,
+    /// Pages written to the swap file on eviction.
+    pub evicted_swap: u64,
+    /// Compressed pages moved on to the swap file (the store was full).
+    pub demoted: u64,
+    /// Missing faults served (a page that was not in the file).
+    pub missing_faults: u64,
+    /// Minor faults served (an armed page touched).
+    pub minor_faults: u64,
+    /// Pages brought back ahead of an access (sequential prefetch).
+    pub prefetched: u64,
+    /// Pages armed by the clock hand.
+    pub armed: u64,
+    /// CPU time of the service thread, in nanoseconds.
+    pub service_cpu_ns: u64,
+}
+
+#[derive(Default)]
+pub(crate) struct Counters {
+    evicted_zero: AtomicU64,
+    evicted_compressed: AtomicU64,
+    evicted_swap: AtomicU64,
+    demoted: AtomicU64,
+    missing_faults: AtomicU64,
+    minor_faults: AtomicU64,
+    prefetched: AtomicU64,
+    armed: AtomicU64,
+    service_cpu_ns: AtomicU64,
+}
+
+impl Counters {
+    pub(crate) fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// What the service thread and the callers share.
+pub(crate) struct Shared {
+    uffd: Uffd,
+    file: Arc<File>,
+    areas: Vec<Area>,
+    budget: AtomicU64,
+    compressed_max: Option<u64>,
+    swap_dir: PathBuf,
+    stop: AtomicBool,
+    wake: OwnedFd,
+    state: Mutex<State>,
+    counters: Counters,
+}
+
+/// Mutable state, under the lock the service thread takes for each step.
+pub(crate) struct State {
+    table: Table,
+    compressed: Compressed,
+    swap: Option<Swap>,
+    /// The clock hand (a page of the file).
+    hand: usize,
+    /// The last missing fault's page and the prefetch window it earned.
+    last_missing: usize,
+    window: usize,
+}
+
+impl Shared {
+    /// The file page at host address `addr`, if it is in an area.
+    fn page_of(&self, addr: u64) -> Option<usize> {
+        self.areas
+            .iter()
+            .find(|a| addr >= a.host_addr && addr - a.host_addr < a.len)
+            .map(|a| ((a.offset + (addr - a.host_addr)) / PAGE) as usize)
+    }
+
+    /// The host address of file page `pg`, if an area maps it.
+    fn addr_of(&self, pg: usize) -> Option<u64> {
+        let off = pg as u64 * PAGE;
+        self.areas
+            .iter()
+            .find(|a| off >= a.offset && off - a.offset < a.len)
+            .map(|a| a.host_addr + (off - a.offset))
+    }
+
+    /// Resident bytes of the file.
+    fn resident(&self) -> u64 {
+        // SAFETY: fstat fills a plain struct we own from a descriptor the Arc keeps open.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        if unsafe { libc::fstat(self.file.as_raw_fd(), &mut st) } != 0 {
+            return 0;
+        }
+        st.st_blocks as u64 * 512
+    }
+
+    fn compressed_max(&self) -> u64 {
+        self.compressed_max
+            .unwrap_or(self.budget.load(Ordering::Relaxed) / 4)
+    }
+
+    fn wake_service(&self) {
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: writing 8 bytes to an eventfd we own.
+        unsafe { libc::write(self.wake.as_raw_fd(), one.as_ptr().cast(), 8) };
+    }
+
+    /// Reads page `pg`'s tiered data into `buf`.
+    fn load(&self, st: &State, at: Location, buf: &mut [u8]) -> io::Result<()> {
+        match at {
+            Location::File => Err(io::Error::other("page is in the file")),
+            Location::Compressed(s) => st.compressed.read(s, buf),
+            Location::Swap(s) => st
+                .swap
+                .as_ref()
+                .ok_or_else(|| io::Error::other("no swap file"))?
+                .read(s, buf),
+        }
+    }
+
+    /// Forgets page `pg`'s tiered data.
+    fn forget(&self, st: &mut State, pg: usize) {
+        match st.table.get(pg) {
+            Location::File => {}
+            Location::Compressed(s) => st.compressed.remove(s),
+            Location::Swap(s) => {
+                if let Some(sw) = st.swap.as_mut() {
+                    sw.remove(s)
+                }
+            }
+        }
+        st.table.set(pg, Location::File);
+    }
+}
+
+/// A running tier: its service thread serves faults and keeps the budget until dropped.
+pub struct Tier {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Tier {
+    /// Starts tiering `areas` of `file` under `config.budget`. Each area must be a live
+    /// `MAP_SHARED` mapping of `file` that stays mapped while the tier runs; nothing else
+    /// may write the file's pages except through those mappings (or [`Tier::discard`]).
+    pub fn start(file: Arc<File>, areas: Vec<Area>, config: TierConfig) -> Result<Tier, TierError> {
+        let size = file.metadata()?.len();
+        for a in &areas {
+            let aligned = a.offset % PAGE == 0 && a.host_addr % PAGE == 0 && a.len % PAGE == 0;
+            if !aligned || a.len == 0 || a.offset.checked_add(a.len).is_none_or(|e| e > size) {
+                return Err(TierError::BadArea(*a));
+            }
+        }
+        let uffd = Uffd::new(densevm_uffd::FEATURE_MINOR_SHMEM | densevm_uffd::FEATURE_THREAD_ID)
+            .map_err(TierError::Uffd)?;
+        if uffd.features() & densevm_uffd::FEATURE_MISSING_SHMEM == 0 {
+            return Err(TierError::Uffd(io::Error::other(
+                "the kernel lacks missing faults on shmem",
+            )));
+        }
+        for a in &areas {
+            uffd.register(
+                a.host_addr,
+                a.len,
+                densevm_uffd::REGISTER_MISSING | densevm_uffd::REGISTER_MINOR,
+            )
+            .map_err(|source| TierError::Register {
+                addr: a.host_addr,
+                len: a.len,
+                source,
+            })?;
+        }
+        // SAFETY: eventfd returns a new descriptor (or -1), owned from here on.
+        let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if efd < 0 {
+            return Err(io::Error::last_os_error().into());
+        }
+        // SAFETY: a fresh descriptor nobody else owns.
+        let wake = unsafe { OwnedFd::from_raw_fd(efd) };
+        let shared = Arc::new(Shared {
+            uffd,
+            file,
+            areas,
+            budget: AtomicU64::new(config.budget),
+            compressed_max: config.compressed_max,
+            swap_dir: config.swap_dir,
+            stop: AtomicBool::new(false),
+            wake,
+            state: Mutex::new(State {
+                table: Table::new(size.div_ceil(PAGE) as usize),
+                compressed: Compressed::default(),
+                swap: None,
+                hand: 0,
+                last_missing: usize::MAX,
+                window: 1,
+            }),
+            counters: Counters::default(),
+        });
+        let s = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("tier".into())
+            .spawn(move || service::run(s))?;
+        Ok(Tier {
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    /// The budget in bytes.
+    pub fn budget(&self) -> u64 {
+        self.shared.budget.load(Ordering::Relaxed)
+    }
+
+    /// Changes the budget; pages leave at once if the tier is now over it.
+    pub fn set_budget(&self, bytes: u64) {
+        self.shared.budget.store(bytes, Ordering::Relaxed);
+        self.shared.wake_service();
+    }
+
+    /// Current counters and sizes.
+    pub fn stats(&self) -> TierStats {
+        let c = &self.shared.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let st = self.lock();
+        TierStats {
+            budget: self.budget(),
+            resident: self.shared.resident(),
+            compressed_pages: st.compressed.len() as u64,
+            compressed_bytes: st.compressed.bytes(),
+            swap_pages: st.swap.as_ref().map_or(0, |s| s.len()),
+            evicted_zero: get(&c.evicted_zero),
+            evicted_compressed: get(&c.evicted_compressed),
+            evicted_swap: get(&c.evicted_swap),
+            demoted: get(&c.demoted),
+            missing_faults: get(&c.missing_faults),
+            minor_faults: get(&c.minor_faults),
+            prefetched: get(&c.prefetched),
+            armed: get(&c.armed),
+            service_cpu_ns: get(&c.service_cpu_ns),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.shared
+            .state
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+    }
+
+    /// Gives `[offset, offset + len)` of the file back to the host (a balloon or a free
+    /// page report): tiered data there is forgotten and the file gets a hole, so the
+    /// range reads as zeros from now on.
+    pub fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        if offset % PAGE != 0 || len % PAGE != 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("cannot discard {offset:#x}+{len:#x}: not page aligned"),
+            ));
+        }
+        let mut st = self.lock();
+        let first = (offset / PAGE) as usize;
+        let last = ((offset + len) / PAGE).min(st.table.pages() as u64) as usize;
+        for pg in first..last {
+            self.shared.forget(&mut st, pg);
+            st.table.set_armed(pg, false);
+        }
+        punch(&self.shared.file, offset, len)
+    }
+
+    /// Holds the tier still (its service thread waits, so do faults on tiered pages) for
+    /// a consistent copy of the RAM: see [`Frozen`].
+    pub fn freeze(&self) -> Frozen<'_> {
+        Frozen {
+            shared: &self.shared,
+            state: self.lock(),
+        }
+    }
+
+    /// Moves every tiered page back into the file and stops the tier: from here on the
+    /// file alone holds all of the areas' data (a VM about to become a clone template).
+    pub fn dissolve(mut self) -> io::Result<u64> {
+        // No page leaves from here on; faults are still served while pages come back.
+        self.shared.budget.store(u64::MAX, Ordering::Relaxed);
+        let n = self.freeze().materialize()?;
+        self.stop();
+        Ok(n)
+    }
+
+    fn stop(&mut self) {
+        self.shared.stop.store(true, Ordering::Relaxed);
+        self.shared.wake_service();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        for a in &self.shared.areas {
+            let _ = self.shared.uffd.unregister(a.host_addr, a.len);
+        }
+    }
+}
+
+impl Drop for Tier {
+    /// Stops the service thread and unregisters the areas: only drop a tier whose areas
+    /// are no longer used (the VM ended) or after [`Tier::dissolve`].
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A tier held still: no page moves until this is dropped.
+pub struct Frozen<'a> {
+    shared: &'a Shared,
+    state: MutexGuard<'a, State>,
+}
+
+impl Frozen<'_> {
+    /// Writes every tiered page of file range `[from, to)` into `out` at its file offset
+    /// (the file itself has holes there). Returns the bytes written.
+    pub fn write_tiered(&self, out: &File, from: u64, to: u64) -> io::Result<u64> {
+        let mut buf = vec![0u8; PAGE as usize];
+        let mut written = 0;
+        let last = (to.div_ceil(PAGE) as usize).min(self.state.table.pages());
+        for pg in (from / PAGE) as usize..last {
+            let at = self.state.table.get(pg);
+            if at != Location::File {
+                self.shared.load(&self.state, at, &mut buf)?;
+                out.write_all_at(&buf, pg as u64 * PAGE)?;
+                written += PAGE;
+            }
+        }
+        Ok(written)
+    }
+
+    /// Writes every tiered page back into the file and forgets it. Returns the bytes
+    /// moved.
+    pub fn materialize(&mut self) -> io::Result<u64> {
+        let mut buf = vec![0u8; PAGE as usize];
+        let mut moved = 0;
+        for pg in 0..self.state.table.pages() {
+            let at = self.state.table.get(pg);
+            if at != Location::File {
+                self.shared.load(&self.state, at, &mut buf)?;
+                self.shared.file.write_all_at(&buf, pg as u64 * PAGE)?;
+                self.shared.forget(&mut self.state, pg);
+                moved += PAGE;
+            }
+        }
+        Ok(moved)
+    }
+}
+
+/// Punches `[offset, offset + len)` out of `file`.
+pub(crate) fn punch(file: &File, offset: u64, len: u64) -> io::Result<()> {
+    // SAFETY: fallocate on a descriptor we hold; punching only frees the file's pages
+    // (its mappings then read them back through faults).
+    let rc = unsafe {
+        libc::fallocate(
+            file.as_raw_fd(),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            offset as libc::off_t,
+            len as libc::off_t,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}

@@ -1,0 +1,497 @@
+//! The tier's service thread: serves userfaultfd faults on the areas, moves the coldest
+//! pages out while the tier is over its budget (the clock hand) and arms pages ahead of
+//! need. One thread does all three under the state lock, one short step at a time, so a
+//! page is never served and evicted at once.
+
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use densevm_uffd::{Msg, Resolved, EVENT_PAGEFAULT, FLAG_MINOR};
+
+use crate::store::{Compressed, Swap};
+use crate::table::Location;
+use crate::{punch, Counters, Shared, State, PAGE};
+
+/// Pages moved out per step (the lock is held for one step; faults wait that long).
+const EVICT_BATCH: usize = 128;
+/// Pages the hand looks at per step.
+const SCAN_LIMIT: usize = 2048;
+/// Pages armed per tick ahead of need (above 7/8 of the budget).
+const ARM_AHEAD: usize = 512;
+/// Idle wake-up period.
+const TICK: Duration = Duration::from_millis(100);
+/// Largest sequential prefetch, in pages.
+const MAX_WINDOW: usize = 16;
+/// Compressed pages demoted to the swap file per step.
+const DEMOTE_BATCH: usize = 64;
+
+pub(crate) fn run(sh: Arc<Shared>) {
+    let mut svc = Service {
+        page: vec![0u8; PAGE as usize],
+        buf: vec![0u8; EVICT_BATCH * PAGE as usize],
+        last_arm: Instant::now(),
+        swap_error: false,
+    };
+    let mut busy = false;
+    while !sh.stop.load(Ordering::Relaxed) {
+        wait(&sh, if busy { Duration::ZERO } else { TICK });
+        let mut st = sh.state.lock().unwrap_or_else(|p| p.into_inner());
+        let served = svc.serve_all(&sh, &mut st);
+        let over = svc.evict_step(&sh, &mut st);
+        if !over {
+            svc.arm_ahead(&sh, &mut st);
+        }
+        if let Some(sw) = st.swap.as_mut() {
+            sw.flush();
+        }
+        drop(st);
+        busy = over || served;
+        sh.counters
+            .service_cpu_ns
+            .store(thread_cpu_ns(), Ordering::Relaxed);
+    }
+}
+
+/// Sleeps until a fault message or a wake-up arrives, or `timeout` passes.
+fn wait(sh: &Shared, timeout: Duration) {
+    let mut fds = [
+        libc::pollfd {
+            fd: sh.uffd.raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: sh.wake.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
+    // SAFETY: poll on two pollfds we own, for at most `timeout`.
+    unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout.as_millis() as i32) };
+    if fds[1].revents & libc::POLLIN != 0 {
+        let mut v = [0u8; 8];
+        // SAFETY: draining the eventfd counter into a local buffer.
+        unsafe { libc::read(sh.wake.as_raw_fd(), v.as_mut_ptr().cast(), 8) };
+    }
+}
+
+fn thread_cpu_ns() -> u64 {
+    // SAFETY: clock_gettime fills a timespec we own.
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// A fault the tier cannot serve leaves a guest thread blocked on memory whose data is
+/// gone: nothing can continue correctly, so the process ends with the reason.
+fn fatal(what: &str, e: io::Error) -> ! {
+    tracing::error!("memory tier: {what}: {e}; the VM's memory cannot be served, aborting");
+    eprintln!("densevm: memory tier: {what}: {e}; the VM's memory cannot be served, aborting");
+    std::process::abort();
+}
+
+struct Service {
+    page: Vec<u8>,
+    buf: Vec<u8>,
+    last_arm: Instant,
+    swap_error: bool,
+}
+
+impl Service {
+    /// Serves every queued fault; whether there was any.
+    fn serve_all(&mut self, sh: &Shared, st: &mut State) -> bool {
+        let mut any = false;
+        loop {
+            match sh.uffd.read_msg() {
+                Ok(Some(msg)) => {
+                    any = true;
+                    self.serve(sh, st, msg);
+                }
+                Ok(None) => return any,
+                Err(e) => fatal("reading userfaultfd", e),
+            }
+        }
+    }
+
+    fn serve(&mut self, sh: &Shared, st: &mut State, msg: Msg) {
+        if msg.event != EVENT_PAGEFAULT {
+            return;
+        }
+        let addr = msg.address & !(PAGE - 1);
+        let Some(pg) = sh.page_of(addr) else {
+            tracing::warn!("memory tier: fault at {addr:#x} outside its areas");
+            let _ = sh.uffd.wake(addr, PAGE);
+            return;
+        };
+        if msg.flags & FLAG_MINOR != 0 {
+            st.table.set_armed(pg, false);
+            match sh.uffd.continue_minor(addr, PAGE, true) {
+                Ok(Resolved::Filled(_)) => {
+                    Counters::add(&sh.counters.minor_faults, 1);
+                    return;
+                }
+                Ok(Resolved::Exists) => {
+                    let _ = sh.uffd.wake(addr, PAGE);
+                    return;
+                }
+                // The page left the file after the fault was queued: serve it as missing.
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EFAULT | libc::ENOENT)) => {}
+                Err(e) => fatal(&format!("resolving a minor fault at {addr:#x}"), e),
+            }
+        }
+        self.serve_missing(sh, st, pg, addr);
+    }
+
+    /// Brings page `pg` (at `addr`) into the file: zeros for a hole, its data from the
+    /// tier otherwise; on a sequential run, its following pages too.
+    fn serve_missing(&mut self, sh: &Shared, st: &mut State, pg: usize, addr: u64) {
+        Counters::add(&sh.counters.missing_faults, 1);
+        st.window = if pg == st.last_missing.wrapping_add(1) {
+            (st.window * 2).min(MAX_WINDOW)
+        } else {
+            1
+        };
+        st.last_missing = pg;
+        self.make_room(sh, st);
+        let at = st.table.get(pg);
+        // The following pages in the same place kind, contiguous in the same area.
+        let same = |st: &State, p: usize| {
+            p < st.table.pages()
+                && sh.addr_of(p) == Some(addr + (p - pg) as u64 * PAGE)
+                && (st.table.get(p) == Location::File) == (at == Location::File)
+        };
+        let mut n = 1;
+        while n < st.window && same(st, pg + n) {
+            n += 1;
+        }
+        if at == Location::File {
+            match sh.uffd.zeropage(addr, n as u64 * PAGE, true) {
+                Ok(Resolved::Filled(b)) => {
+                    Counters::add(&sh.counters.prefetched, (b / PAGE).saturating_sub(1));
+                    st.last_missing = pg + (b / PAGE).max(1) as usize - 1;
+                }
+                Ok(Resolved::Exists) => {
+                    let _ = sh.uffd.wake(addr, PAGE);
+                }
+                Err(e) => fatal(&format!("zero-filling {addr:#x}"), e),
+            }
+            return;
+        }
+        for i in 0..n {
+            let p = pg + i;
+            let at = st.table.get(p);
+            if let Err(e) = sh.load(st, at, &mut self.page) {
+                fatal(&format!("reading page {p} back ({at:?})"), e);
+            }
+            let dst = addr + i as u64 * PAGE;
+            // SAFETY: `self.page` is a live buffer of one page.
+            let r = unsafe { sh.uffd.copy(self.page.as_ptr(), dst, PAGE, false, true) };
+            match r {
+                Ok(Resolved::Filled(_)) => {}
+                // The file got the page some other way (it wins): wake the waiters.
+                Ok(Resolved::Exists) => {
+                    let _ = sh.uffd.wake(dst, PAGE);
+                }
+                Err(e) if i > 0 => {
+                    tracing::debug!("memory tier: prefetch at {dst:#x} stopped: {e}");
+                    break;
+                }
+                Err(e) => fatal(&format!("copying a page back to {dst:#x}"), e),
+            }
+            sh.forget(st, p);
+            if i > 0 {
+                Counters::add(&sh.counters.prefetched, 1);
+            }
+            st.last_missing = p;
+        }
+    }
+
+    /// Before a missing fault adds pages, moves pages out until the tier is below its
+    /// budget plus [`hard_slack`] (the faulting thread waits meanwhile, as it would in the
+    /// kernel's direct reclaim): however the CPU is shared between the service thread and
+    /// the threads that fault, RAM cannot run away from the budget.
+    fn make_room(&mut self, sh: &Shared, st: &mut State) {
+        let limit = sh
+            .budget
+            .load(Ordering::Relaxed)
+            .saturating_add(hard_slack(sh));
+        // Bounded: a first turn of the hand only arms; give up after a few turns' worth
+        // of steps without a victim (nothing can leave, e.g. no swap file).
+        for _ in 0..64 {
+            if sh.resident() + st.compressed.bytes() + MAX_WINDOW as u64 * PAGE <= limit {
+                return;
+            }
+            if !self.evict_step(sh, st) {
+                return;
+            }
+        }
+    }
+
+    /// While the tier is over its budget, moves up to a batch of cold pages out (the clock
+    /// hand: armed pages go, unarmed ones are armed). Returns whether it was over.
+    fn evict_step(&mut self, sh: &Shared, st: &mut State) -> bool {
+        let budget = sh.budget.load(Ordering::Relaxed);
+        let used = sh.resident() + st.compressed.bytes();
+        if used <= budget {
+            return false;
+        }
+        let slack = (budget / 64).max(16 * PAGE);
+        let want = ((used - budget + slack) / PAGE).min(EVICT_BATCH as u64) as usize;
+        let mut victims = Vec::with_capacity(want);
+        let mut arm = Vec::new();
+        self.sweep(sh, st, SCAN_LIMIT, |st, pg| {
+            if st.table.armed(pg) {
+                victims.push(pg);
+            } else {
+                arm.push(pg);
+            }
+            victims.len() < want
+        });
+        arm_pages(sh, st, &arm);
+        self.evict(sh, st, &victims);
+        self.demote(sh, st);
+        true
+    }
+
+    /// Above 7/8 of the budget, arms pages ahead of need every tick, so that the first
+    /// pages to go under pressure are known cold.
+    fn arm_ahead(&mut self, sh: &Shared, st: &mut State) {
+        let budget = sh.budget.load(Ordering::Relaxed);
+        if self.last_arm.elapsed() < TICK || sh.resident() <= budget / 8 * 7 {
+            return;
+        }
+        self.last_arm = Instant::now();
+        let mut arm = Vec::new();
+        self.sweep(sh, st, ARM_AHEAD, |st, pg| {
+            if !st.table.armed(pg) {
+                arm.push(pg);
+            }
+            true
+        });
+        arm_pages(sh, st, &arm);
+    }
+
+    /// Moves the hand over up to `limit` resident pages inside the areas, calling `visit`
+    /// on each until it returns false.
+    fn sweep(
+        &mut self,
+        sh: &Shared,
+        st: &mut State,
+        limit: usize,
+        mut visit: impl FnMut(&State, usize) -> bool,
+    ) {
+        let pages = st.table.pages();
+        let (mut seen, mut wrapped) = (0, false);
+        while seen < limit {
+            let Some((start, end)) = next_data(sh, st.hand, pages) else {
+                if wrapped || st.hand == 0 {
+                    st.hand = 0;
+                    return;
+                }
+                st.hand = 0;
+                wrapped = true;
+                continue;
+            };
+            let mut pg = start;
+            let mut more = true;
+            while pg < end && seen < limit && more {
+                if sh.addr_of(pg).is_some() {
+                    more = visit(st, pg);
+                    seen += 1;
+                }
+                pg += 1;
+            }
+            st.hand = if pg >= pages { 0 } else { pg };
+            if !more {
+                return;
+            }
+        }
+    }
+
+    /// Moves `victims` (armed, so unmapped: nothing writes them meanwhile) out of the file.
+    fn evict(&mut self, sh: &Shared, st: &mut State, victims: &[usize]) {
+        let cmax = sh.compressed_max();
+        let mut buf = std::mem::take(&mut self.buf);
+        for run in runs(victims) {
+            let (first, n) = (run[0], run.len());
+            let bytes = &mut buf[..n * PAGE as usize];
+            if let Err(e) = sh.file.read_exact_at(bytes, first as u64 * PAGE) {
+                tracing::warn!("memory tier: reading pages to evict: {e}");
+                continue;
+            }
+            let mut gone = vec![false; n];
+            for (i, data) in bytes.chunks_exact(PAGE as usize).enumerate() {
+                let pg = first + i;
+                st.table.set_armed(pg, false);
+                if data.iter().all(|&b| b == 0) {
+                    Counters::add(&sh.counters.evicted_zero, 1);
+                    gone[i] = true;
+                    continue;
+                }
+                if cmax > 0 {
+                    if let Some(c) = Compressed::compress(data) {
+                        if st.compressed.bytes() + c.len() as u64 <= cmax {
+                            let slot = st.compressed.insert(pg as u32, c);
+                            st.table.set(pg, Location::Compressed(slot));
+                            Counters::add(&sh.counters.evicted_compressed, 1);
+                            gone[i] = true;
+                            continue;
+                        }
+                    }
+                }
+                if let Some(slot) = self.write_swap(sh, st, data) {
+                    st.table.set(pg, Location::Swap(slot));
+                    Counters::add(&sh.counters.evicted_swap, 1);
+                    gone[i] = true;
+                }
+            }
+            // Punch each run of pages that left.
+            let mut i = 0;
+            while i < n {
+                if !gone[i] {
+                    i += 1;
+                    continue;
+                }
+                let j = (i..n).find(|&k| !gone[k]).unwrap_or(n);
+                let off = (first + i) as u64 * PAGE;
+                if let Err(e) = punch(&sh.file, off, (j - i) as u64 * PAGE) {
+                    // The data is still in the file too: forget the tier's copy.
+                    tracing::warn!("memory tier: punching {off:#x}: {e}");
+                    for pg in first + i..first + j {
+                        sh.forget(st, pg);
+                    }
+                }
+                i = j;
+            }
+        }
+        self.buf = buf;
+    }
+
+    /// Writes a page to the swap file (created on first use); `None` if there is none.
+    fn write_swap(&mut self, sh: &Shared, st: &mut State, data: &[u8]) -> Option<u32> {
+        if st.swap.is_none() && !self.swap_error {
+            match Swap::new(&sh.swap_dir) {
+                Ok(s) => st.swap = Some(s),
+                Err(e) => {
+                    self.swap_error = true;
+                    tracing::error!("memory tier: no swap file, incompressible pages stay: {e}");
+                }
+            }
+        }
+        match st.swap.as_mut()?.write(data) {
+            Ok(slot) => Some(slot),
+            Err(e) => {
+                tracing::warn!("memory tier: writing to the swap file: {e}");
+                None
+            }
+        }
+    }
+
+    /// Moves the compressed store's oldest pages to the swap file while it is over its
+    /// share.
+    fn demote(&mut self, sh: &Shared, st: &mut State) {
+        let cmax = sh.compressed_max();
+        for _ in 0..DEMOTE_BATCH {
+            if st.compressed.bytes() <= cmax {
+                return;
+            }
+            let Some((slot, pg)) = st.compressed.pop_oldest() else {
+                return;
+            };
+            if st.compressed.read(slot, &mut self.page).is_err() {
+                return;
+            }
+            let data = std::mem::take(&mut self.page);
+            let to = self.write_swap(sh, st, &data);
+            self.page = data;
+            let Some(to) = to else { return };
+            st.compressed.remove(slot);
+            st.table.set(pg as usize, Location::Swap(to));
+            Counters::add(&sh.counters.demoted, 1);
+        }
+    }
+}
+
+/// How far over the budget faults may take the tier before the faulting thread waits for
+/// pages to leave: 1/32 of the budget, at least 1 MiB.
+pub(crate) fn hard_slack(sh: &Shared) -> u64 {
+    (sh.budget.load(Ordering::Relaxed) / 32).max(1 << 20)
+}
+
+/// Arms `pages` (sorted): unmaps them, so that their next access is a minor fault.
+fn arm_pages(sh: &Shared, st: &mut State, pages: &[usize]) {
+    for run in runs(pages) {
+        let (Some(start), Some(last)) = (sh.addr_of(run[0]), sh.addr_of(run[run.len() - 1])) else {
+            continue;
+        };
+        if last - start != (run.len() as u64 - 1) * PAGE {
+            // The run crosses areas: arm page by page.
+            for &pg in run {
+                arm_pages(sh, st, &[pg]);
+            }
+            continue;
+        }
+        let len = run.len() as u64 * PAGE;
+        // SAFETY: [start, start + len) lies inside an area, a live MAP_SHARED mapping of
+        // the file: MADV_DONTNEED only drops its page-table entries; the data stays in the
+        // file and the next access faults it back (a minor fault we serve).
+        if unsafe {
+            libc::madvise(
+                start as *mut libc::c_void,
+                len as usize,
+                libc::MADV_DONTNEED,
+            )
+        } != 0
+        {
+            continue;
+        }
+        for &pg in run {
+            st.table.set_armed(pg, true);
+        }
+        Counters::add(&sh.counters.armed, run.len() as u64);
+    }
+}
+
+/// Splits sorted pages into runs of consecutive pages.
+fn runs(pages: &[usize]) -> impl Iterator<Item = &[usize]> {
+    pages.chunk_by(|a, b| b == &(a + 1))
+}
+
+/// The next run of resident file pages at or after page `from`: `(first, end)`.
+fn next_data(sh: &Shared, from: usize, pages: usize) -> Option<(usize, usize)> {
+    if from >= pages {
+        return None;
+    }
+    let fd = sh.file.as_raw_fd();
+    // SAFETY: lseek on a descriptor we hold.
+    let data = unsafe { libc::lseek(fd, (from as u64 * PAGE) as libc::off_t, libc::SEEK_DATA) };
+    if data < 0 {
+        return None;
+    }
+    // SAFETY: as above.
+    let hole = unsafe { libc::lseek(fd, data, libc::SEEK_HOLE) };
+    let start = (data as u64 / PAGE) as usize;
+    let end = if hole < 0 {
+        pages
+    } else {
+        ((hole as u64).div_ceil(PAGE) as usize).min(pages)
+    };
+    (start < end).then_some((start, end))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::runs;
+
+    #[test]
+    fn runs_split_at_gaps() {
+        let v = [1, 2, 3, 7, 9, 10];
+        let r: Vec<&[usize]> = runs(&v).collect();
+        assert_eq!(r, vec![&[1, 2, 3][..], &[7][..], &[9, 10][..]]);
+    }
+}

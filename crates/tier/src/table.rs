@@ -1,0 +1,111 @@
+//! Where each page of the RAM file is: in the file (resident, or a hole that reads as
+//! zeros), in the compressed store or in the swap file; and which resident pages are
+//! *armed* (their mappings zapped so the next access is a minor fault we see).
+//!
+//! Four bytes per page for the location and one bit for the arm: 0.1 % of the RAM, only
+//! touched where pages are tiered (the vectors start as untouched zero pages).
+
+/// Where a page's data is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Location {
+    /// In the RAM file (resident), or a hole there (zeros).
+    File,
+    /// In the compressed store, at this slot.
+    Compressed(u32),
+    /// In the swap file, at this slot.
+    Swap(u32),
+}
+
+const SWAP_BIT: u32 = 1 << 31;
+
+/// Per-page locations and arm bits of one RAM file.
+pub(crate) struct Table {
+    loc: Vec<u32>,
+    armed: Vec<u64>,
+}
+
+impl Table {
+    /// A table for `pages` pages, all in the file, none armed.
+    pub fn new(pages: usize) -> Table {
+        Table {
+            loc: vec![0; pages],
+            armed: vec![0; pages.div_ceil(64)],
+        }
+    }
+
+    /// Number of pages.
+    pub fn pages(&self) -> usize {
+        self.loc.len()
+    }
+
+    /// Where page `pg` is.
+    pub fn get(&self, pg: usize) -> Location {
+        match self.loc[pg] {
+            0 => Location::File,
+            v if v & SWAP_BIT != 0 => Location::Swap(v & !SWAP_BIT),
+            v => Location::Compressed(v - 1),
+        }
+    }
+
+    /// Records where page `pg` is.
+    pub fn set(&mut self, pg: usize, at: Location) {
+        self.loc[pg] = match at {
+            Location::File => 0,
+            Location::Compressed(s) => {
+                assert!(s < SWAP_BIT - 1, "compressed slot overflow");
+                s + 1
+            }
+            Location::Swap(s) => {
+                assert!(s < SWAP_BIT, "swap slot overflow");
+                s | SWAP_BIT
+            }
+        };
+    }
+
+    /// Whether page `pg` is armed.
+    pub fn armed(&self, pg: usize) -> bool {
+        self.armed[pg / 64] & (1 << (pg % 64)) != 0
+    }
+
+    /// Arms or disarms page `pg`.
+    pub fn set_armed(&mut self, pg: usize, on: bool) {
+        let bit = 1u64 << (pg % 64);
+        if on {
+            self.armed[pg / 64] |= bit;
+        } else {
+            self.armed[pg / 64] &= !bit;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn locations_round_trip() {
+        let mut t = Table::new(130);
+        for (pg, at) in [
+            (0, Location::Compressed(0)),
+            (1, Location::Swap(0)),
+            (129, Location::Swap(SWAP_BIT - 1)),
+            (64, Location::Compressed(12345)),
+        ] {
+            t.set(pg, at);
+            assert_eq!(t.get(pg), at);
+        }
+        assert_eq!(t.get(2), Location::File);
+        t.set(1, Location::File);
+        assert_eq!(t.get(1), Location::File);
+    }
+
+    #[test]
+    fn arm_bits_are_per_page() {
+        let mut t = Table::new(130);
+        t.set_armed(64, true);
+        t.set_armed(129, true);
+        assert!(t.armed(64) && t.armed(129) && !t.armed(63) && !t.armed(65));
+        t.set_armed(64, false);
+        assert!(!t.armed(64) && t.armed(129));
+    }
+}
