@@ -12,7 +12,8 @@ use serde::Serialize;
 
 use crate::types::{
     ApiError, Balloon, BalloonInfo, BalloonStats, BalloonStatsUpdate, BalloonUpdate, CloneList,
-    CloneRequest, InstanceInfo, SnapshotCreate, VmState, VmStateChange,
+    CloneRequest, InstanceInfo, MemoryTierInfo, MemoryTierUpdate, SnapshotCreate, VmState,
+    VmStateChange,
 };
 
 /// How long the client waits for the server by default (snapshots and clones take time).
@@ -152,6 +153,16 @@ impl ApiClient {
             stats_polling_interval_s: seconds,
         };
         self.send_json("PATCH", "/balloon/statistics", &update)
+    }
+
+    /// `GET /memory-tier`: the DRAM budget and the tier's counters.
+    pub fn memory_tier(&self) -> Result<MemoryTierInfo, ClientError> {
+        self.call("GET", "/memory-tier", None)
+    }
+
+    /// `PATCH /memory-tier`: a new DRAM budget, in MiB.
+    pub fn set_memory_budget(&self, budget_mib: u32) -> Result<(), ClientError> {
+        self.send_json("PATCH", "/memory-tier", &MemoryTierUpdate { budget_mib })
     }
 
     /// Sends `value` as the JSON body of `method path`; any 2xx answer is success.

@@ -13,10 +13,13 @@
 //! | `GET`   | `/balloon`         | —                    | 200 [`BalloonInfo`]        |
 //! | `GET`   | `/balloon/statistics` | —                 | 200 [`BalloonStats`]       |
 //! | `PATCH` | `/balloon/statistics` | [`BalloonStatsUpdate`] | 204                   |
+//! | `GET`   | `/memory-tier`     | —                    | 200 [`MemoryTierInfo`]     |
+//! | `PATCH` | `/memory-tier`     | [`MemoryTierUpdate`] | 204                        |
 //!
 //! (The balloon routes act on a VM started with `densevm run --balloon`; a VM without one
 //! answers them 400, and `PUT /balloon` is 400 at run time: the device is created at
-//! start.) docs/api/openapi.yaml documents every route.
+//! start; likewise `/memory-tier` needs `densevm run --memory-budget`.) docs/api/openapi.yaml
+//! documents every route.
 //!
 //! Errors carry Firecracker's body, `{"fault_message": "..."}` ([`ApiError`]), saying what
 //! to do. Differences from Firecracker: `snapshot_path` is a directory (it holds `state`
@@ -49,6 +52,6 @@ pub use server::{
 };
 pub use types::{
     ApiError, Balloon, BalloonInfo, BalloonStats, BalloonStatsUpdate, BalloonUpdate, CloneInfo,
-    CloneList, CloneRequest, InstanceInfo, InstanceState, SnapshotCreate, SnapshotType, VmState,
-    VmStateChange, MAX_CLONES,
+    CloneList, CloneRequest, InstanceInfo, InstanceState, MemoryTierInfo, MemoryTierUpdate,
+    SnapshotCreate, SnapshotType, VmState, VmStateChange, MAX_CLONES,
 };

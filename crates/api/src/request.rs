@@ -4,8 +4,8 @@
 use serde::de::DeserializeOwned;
 
 use crate::types::{
-    Balloon, BalloonStatsUpdate, BalloonUpdate, CloneRequest, SnapshotCreate, VmStateChange,
-    MAX_CLONES,
+    Balloon, BalloonStatsUpdate, BalloonUpdate, CloneRequest, MemoryTierUpdate, SnapshotCreate,
+    VmStateChange, MAX_CLONES,
 };
 
 /// A request whose route is decided and whose body is parsed and checked.
@@ -29,6 +29,10 @@ pub enum ApiRequest {
     GetBalloonStats,
     /// `PATCH /balloon/statistics`: a new statistics polling interval.
     PatchBalloonStats(BalloonStatsUpdate),
+    /// `GET /memory-tier`: answer with a [`MemoryTierInfo`](crate::MemoryTierInfo).
+    GetMemoryTier,
+    /// `PATCH /memory-tier`: a new DRAM budget.
+    PatchMemoryTier(MemoryTierUpdate),
 }
 
 /// An error to answer with: status and the `fault_message`.
@@ -64,6 +68,7 @@ pub const ROUTES: &[(&str, &[&str])] = &[
     ("/clones", &["POST"]),
     ("/balloon", &["PUT", "PATCH", "GET"]),
     ("/balloon/statistics", &["GET", "PATCH"]),
+    ("/memory-tier", &["GET", "PATCH"]),
 ];
 
 /// Longest piece of a client's path quoted back in a message.
@@ -117,6 +122,17 @@ pub fn parse_route(method: &str, path: &str, body: &[u8]) -> Result<ApiRequest, 
             .map(ApiRequest::PatchBalloon),
         ("GET", "/balloon") => Ok(ApiRequest::GetBalloon),
         ("GET", "/balloon/statistics") => Ok(ApiRequest::GetBalloonStats),
+        ("GET", "/memory-tier") => Ok(ApiRequest::GetMemoryTier),
+        ("PATCH", "/memory-tier") => {
+            let u = json::<MemoryTierUpdate>(method, path, body, r#"{"budget_mib": 128}"#)?;
+            if u.budget_mib < 4 {
+                return Err(ApiErrorResponse::bad_request(format!(
+                    "budget_mib {} is below the 4 MiB minimum of a memory budget",
+                    u.budget_mib
+                )));
+            }
+            Ok(ApiRequest::PatchMemoryTier(u))
+        }
         _ => json::<BalloonStatsUpdate>(method, path, body, r#"{"stats_polling_interval_s": 1}"#)
             .map(ApiRequest::PatchBalloonStats),
     }

@@ -240,3 +240,46 @@ pub struct BalloonStats {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hugetlb_failures: Option<u64>,
 }
+
+/// `PATCH /memory-tier`: a new DRAM budget for guest RAM (densevm's own resource:
+/// Firecracker has no memory tiering).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemoryTierUpdate {
+    /// DRAM guest RAM may use (resident pages plus the compressed store), in MiB.
+    pub budget_mib: u32,
+}
+
+/// `GET /memory-tier`: the budget and what the tier did (a VM started with
+/// `densevm run --memory-budget`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryTierInfo {
+    /// The budget, in MiB (rounded down).
+    pub budget_mib: u64,
+    /// Guest RAM resident in DRAM now, KiB.
+    pub resident_kib: u64,
+    /// Pages in the compressed store.
+    pub compressed_pages: u64,
+    /// DRAM the compressed store takes, KiB.
+    pub compressed_kib: u64,
+    /// Pages in the swap file.
+    pub swap_pages: u64,
+    /// Zero pages that left RAM (kept as nothing).
+    pub evicted_zero: u64,
+    /// Pages that left RAM compressed.
+    pub evicted_compressed: u64,
+    /// Pages that left RAM for the swap file.
+    pub evicted_swap: u64,
+    /// Compressed pages moved on to the swap file.
+    pub demoted: u64,
+    /// Accesses to pages out of RAM (served by copying them back).
+    pub missing_faults: u64,
+    /// Accesses to armed pages (the cold-page detector's samples).
+    pub minor_faults: u64,
+    /// Pages brought back ahead of access (sequential prefetch).
+    pub prefetched: u64,
+    /// Pages armed by the cold-page detector.
+    pub armed: u64,
+    /// CPU time the tier's service thread used, microseconds.
+    pub service_cpu_us: u64,
+}

@@ -55,6 +55,27 @@ fn every_route_parses() {
 }
 
 #[test]
+fn memory_tier_routes_parse_and_check_the_budget() {
+    assert_eq!(
+        parse_route("GET", "/memory-tier", b""),
+        Ok(ApiRequest::GetMemoryTier)
+    );
+    assert_eq!(
+        parse_route("PATCH", "/memory-tier", br#"{"budget_mib": 256}"#),
+        Ok(ApiRequest::PatchMemoryTier(densevm_api::MemoryTierUpdate {
+            budget_mib: 256
+        }))
+    );
+    let (status, msg) = err("PATCH", "/memory-tier", r#"{"budget_mib": 2}"#);
+    assert_eq!(status, 400);
+    assert!(msg.contains("minimum"), "{msg}");
+    let (status, msg) = err("PATCH", "/memory-tier", r#"{"budget": 64}"#);
+    assert_eq!(status, 400);
+    assert!(msg.contains("budget_mib"), "{msg}");
+    assert_eq!(err("PUT", "/memory-tier", "{}").0, 405);
+}
+
+#[test]
 fn unknown_path_is_404_listing_the_routes() {
     let (status, msg) = err("GET", "/machine-config", "");
     assert_eq!(status, 404);

@@ -49,9 +49,16 @@ fn recording(calls: Calls) -> Box<dyn FnMut(ApiRequest) -> ApiResponse + Send> {
                 deflate_on_oom: true,
                 stats_polling_interval_s: 1,
             }),
+            ApiRequest::GetMemoryTier => ApiResponse::ok(&densevm_api::MemoryTierInfo {
+                budget_mib: 64,
+                resident_kib: 60 << 10,
+                evicted_swap: 7,
+                ..Default::default()
+            }),
             ApiRequest::PutBalloon(_)
             | ApiRequest::PatchBalloon(_)
-            | ApiRequest::PatchBalloonStats(_) => ApiResponse::no_content(),
+            | ApiRequest::PatchBalloonStats(_)
+            | ApiRequest::PatchMemoryTier(_) => ApiResponse::no_content(),
             ApiRequest::CreateClones(c) => ApiResponse::ok(&CloneList {
                 clones: (0..c.count)
                     .map(|i| CloneInfo {
@@ -435,6 +442,27 @@ fn a_router_of_its_own_serves_text_and_json_on_the_same_http_code() {
     assert!(
         out.contains("Content-Type: text/plain; version=0.0.4\r\n"),
         "{out}"
+    );
+    handle.shutdown();
+}
+
+#[test]
+fn memory_tier_helpers_round_trip() {
+    let dir = tempfile::tempdir().unwrap();
+    let (handle, calls, path) = serve(dir.path(), Duration::from_secs(5));
+    let client = ApiClient::new(&path);
+    client.set_memory_budget(48).unwrap();
+    let t = client.memory_tier().unwrap();
+    assert_eq!(
+        (t.budget_mib, t.resident_kib, t.evicted_swap),
+        (64, 60 << 10, 7)
+    );
+    assert_eq!(
+        calls.lock().unwrap().clone(),
+        vec![
+            ApiRequest::PatchMemoryTier(densevm_api::MemoryTierUpdate { budget_mib: 48 }),
+            ApiRequest::GetMemoryTier,
+        ]
     );
     handle.shutdown();
 }

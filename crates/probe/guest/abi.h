@@ -33,6 +33,8 @@
 #define OP_RESET  8  /* i8042 reset: 0xfe to port 0x64 */
 #define OP_SLEEP  9  /* a = milliseconds: idle on the host (sleep port), not spinning */
 #define OP_FILL_ID 10 /* region, offset, len: fill with (instance + 1) & 0xff */
+#define OP_FILL_ADDR 11 /* region, offset, len: each 64-bit word = its address * FILL_ADDR_MUL */
+#define FILL_ADDR_MUL 0x9E3779B97F4A7C15UL
 
 #define CRASH_TRIPLE_FAULT 1  /* load an empty IDT and raise #UD */
 #define CRASH_MMIO_EXEC    2  /* jump to the end of `ram`: mapped, but no memory behind it */

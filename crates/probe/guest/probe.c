@@ -131,6 +131,13 @@ static void fill(volatile u8 *p, u64 len, u8 byte) {
     for (; i < len; i++) p[i] = byte;
 }
 
+/* Every word differs from every other (and does not compress): a page read back from
+   the wrong place, or not at all, changes the checksum. */
+static void fill_addr(volatile u8 *p, u64 len) {
+    for (u64 i = 0; i + 8 <= len; i += 8)
+        *(volatile u64 *)(p + i) = ((u64)(p + i)) * FILL_ADDR_MUL;
+}
+
 static void report_op(const char *verb, const char *region, u64 off, u64 len) {
     puts_raw(verb); puts_raw(" "); puts_raw(region); puts_raw(" ");
     put_size(off); puts_raw(" "); put_size(len);
@@ -200,6 +207,11 @@ void probe_main(u64 cpu, struct probe_block *blk) {
             puts_raw(" 0x"); put_hex(byte, 2); puts_raw(": "); put_dec(us_since(t0)); puts_raw(" us\n");
             break;
         }
+        case OP_FILL_ADDR:
+            fill_addr(p, c->b);
+            report_op("fill-addr", r->name, c->a, c->b);
+            puts_raw(": "); put_dec(us_since(t0)); puts_raw(" us\n");
+            break;
         case OP_SUM: {
             u64 h = checksum(p, c->b);
             report_op("sum", r->name, c->a, c->b);

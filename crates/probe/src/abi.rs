@@ -63,6 +63,11 @@ pub const OP_SLEEP: u32 = 9;
 /// Opcode: fill a range with the byte `(instance + 1) & 0xff`, the instance read from
 /// [`PORT_INSTANCE`].
 pub const OP_FILL_ID: u32 = 10;
+/// Opcode: fill a range so that each 64-bit word is its guest address times
+/// [`FILL_ADDR_MUL`] (no two words alike; does not compress).
+pub const OP_FILL_ADDR: u32 = 11;
+/// The multiplier of [`OP_FILL_ADDR`].
+pub const FILL_ADDR_MUL: u64 = 0x9E37_79B9_7F4A_7C15;
 
 /// Crash kind: empty IDT then `ud2`, a triple fault.
 pub const CRASH_TRIPLE_FAULT: u64 = 1;
@@ -128,6 +133,8 @@ mod tests {
             ("OP_RESET", OP_RESET.into()),
             ("OP_SLEEP", OP_SLEEP.into()),
             ("OP_FILL_ID", OP_FILL_ID.into()),
+            ("OP_FILL_ADDR", OP_FILL_ADDR.into()),
+            ("FILL_ADDR_MUL", FILL_ADDR_MUL),
             ("CRASH_TRIPLE_FAULT", CRASH_TRIPLE_FAULT),
             ("CRASH_MMIO_EXEC", CRASH_MMIO_EXEC),
             ("CRASH_INT3", CRASH_INT3),

@@ -149,6 +149,10 @@ pub fn encode_block(
                 let (slot, off, len) = resolve(r)?;
                 (abi::OP_FILL_ID, slot, off, len, 0)
             }
+            Command::FillAddr(r) => {
+                let (slot, off, len) = resolve(r)?;
+                (abi::OP_FILL_ADDR, slot, off, len, 0)
+            }
             Command::Mark(id) => (abi::OP_MARK, 0, u64::from(*id), 0, 0),
             Command::Exit(code) => (abi::OP_EXIT, 0, u64::from(*code), 0, 0),
             Command::Reset => (abi::OP_RESET, 0, 0, 0, 0),

@@ -50,6 +50,9 @@ pub enum Command {
     /// number the VMM gave this VM (0 unless set; clone K of a template gets K + 1), so
     /// that VMs running one script from one memory image write different data.
     FillId(Range),
+    /// Fill the range so that each 64-bit word is its guest address times
+    /// [`crate::abi::FILL_ADDR_MUL`]: every word differs and nothing compresses.
+    FillAddr(Range),
     /// Print `sum REGION OFFSET LEN = HEX` (FNV-1a over little-endian 64-bit words).
     Sum(Range),
     /// Record a guest trace mark.
@@ -123,6 +126,7 @@ fn parse_command(text: &str) -> Result<Command, String> {
         "read" => parse_range(args, "read").map(Command::Read),
         "sum" => parse_range(args, "sum").map(Command::Sum),
         "fill-id" => parse_range(args, "fill-id").map(Command::FillId),
+        "fill-addr" => parse_range(args, "fill-addr").map(Command::FillAddr),
         "write" => match args {
             [region, offset, len, byte] => Ok(Command::Write(
                 parse_range(&[region, offset, len], "write")?,
@@ -163,7 +167,7 @@ fn parse_command(text: &str) -> Result<Command, String> {
             _ => Err("usage: crash triple-fault|mmio-exec|int3".into()),
         },
         other => Err(format!(
-            "unknown command `{other}` (known: touch, read, write, fill-id, sum, mark, sleep, crash, reset, exit)"
+            "unknown command `{other}` (known: touch, read, write, fill-id, fill-addr, sum, mark, sleep, crash, reset, exit)"
         )),
     }
 }

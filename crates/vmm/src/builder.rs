@@ -240,6 +240,10 @@ pub fn build(config: VmConfig) -> Result<Vmm, VmmError> {
         vcpus.push(Vcpu::new(i, fd));
     }
     drop(serial_irq);
+    // The payload is in place: from here on RAM is kept under the budget.
+    if let Some(settings) = &config.memory_budget {
+        crate::tiering::start(&memory, &mut crate::balloon::lock_ram(&ram), settings)?;
+    }
     trace.mark("vm_ready");
     let mut vmm = finish(
         vm,

@@ -110,4 +110,6 @@ pub struct VmConfig {
     /// releases guest memory through the VM's own RAM backing ([`crate::balloon`]). Its
     /// handle is [`crate::Vmm::balloon`].
     pub balloon: Option<densevm_virtio::balloon::BalloonConfig>,
+    /// Keep guest RAM under a DRAM budget (`--memory-budget`, [`crate::tiering`]).
+    pub memory_budget: Option<crate::tiering::TierSettings>,
 }

@@ -97,6 +97,8 @@ pub struct RunOutcome {
     pub readonly_slots: ReadonlySlotStats,
     /// What the balloon did, if the VM has one.
     pub balloon: Option<BalloonReport>,
+    /// The memory tier's counters at the end, if the VM ran with `--memory-budget`.
+    pub tier: Option<crate::tiering::TierStats>,
 }
 
 /// A VM could not be built or started.
@@ -205,6 +207,15 @@ impl Vmm {
         self.balloon.as_ref().map(|b| (b.handle.clone(), b.config))
     }
 
+    /// The memory tier's handle (budget, counters), if the VM runs with
+    /// `--memory-budget`.
+    pub fn tier(&self) -> Option<crate::tiering::TierHandle> {
+        crate::balloon::lock_ram(&self.ram)
+            .tier
+            .is_some()
+            .then(|| crate::tiering::TierHandle::new(self.ram.clone()))
+    }
+
     /// Guest RAM in bytes.
     pub fn memory_bytes(&self) -> u64 {
         self.memory_bytes
@@ -282,6 +293,7 @@ impl Vmm {
         };
         self.trace.mark("vm_end");
         let balloon = self.balloon.as_ref().map(VmBalloon::report);
+        let tier = self.tier().and_then(|t| t.stats());
         let memory_report = if self.report_memory {
             memory_report(self.memory.regions()).ok()
         } else {
@@ -305,6 +317,7 @@ impl Vmm {
             memory: memory_report,
             readonly_slots: self.readonly_slots.stats(self.shared.stale_exits()),
             balloon,
+            tier,
         })
     }
 

@@ -10,5 +10,6 @@ pub mod kernel;
 pub mod ninep;
 pub mod pmem;
 pub mod run;
+pub mod tier;
 pub mod vm;
 pub mod vm_api;

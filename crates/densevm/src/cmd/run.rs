@@ -25,7 +25,7 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=254))]
     pub cpus: u32,
     /// Run the built-in probe guest with this `;`-separated script
-    /// (touch SIZE | touch/read/sum REGION OFF LEN | write REGION OFF LEN BYTE | mark ID |
+    /// (touch SIZE | touch/read/sum/fill-id/fill-addr REGION OFF LEN | write REGION OFF LEN BYTE | mark ID |
     /// sleep MS | crash triple-fault|mmio-exec|int3 | reset | exit CODE). Without a script:
     /// `exit 0`.
     #[arg(long, num_args = 0..=1, default_missing_value = DEFAULT_PROBE_SCRIPT, value_name = "SCRIPT", conflicts_with = "kernel")]
@@ -88,6 +88,13 @@ pub struct RunArgs {
     /// The API's /balloon routes change the target and read the statistics.
     #[arg(long, value_name = "amount_mib=N[,OPTS]", value_parser = crate::cmd::balloon::parse_balloon)]
     pub balloon: Option<densevm_virtio::balloon::BalloonConfig>,
+    /// Keep guest RAM under a DRAM budget: SIZE[,compressed=SIZE][,swap_dir=DIR]. Cold
+    /// pages leave RAM (zero pages for nothing, compressible ones to an in-memory LZ4
+    /// store counted within the budget — at most `compressed`, default a quarter of it —
+    /// the rest to an unlinked swap file in `swap_dir`, default $TMPDIR) and come back on
+    /// access, for any guest (docs/tiering.md). PATCH /memory-tier changes it.
+    #[arg(long, value_name = "SIZE[,OPTS]", value_parser = crate::cmd::tier::parse_memory_budget)]
+    pub memory_budget: Option<densevm_vmm::tiering::TierSettings>,
     /// Serve the VM's HTTP API (Firecracker-style: GET /, PATCH /vm, PUT /snapshot/create,
     /// POST /clones, /balloon) on this unix socket.
     #[arg(long, value_name = "PATH")]
@@ -101,7 +108,7 @@ pub struct RunArgs {
     pub id: Option<String>,
     /// Start the VM from a snapshot directory (made by PUT /snapshot/create) instead of
     /// booting: it continues where the snapshot was taken.
-    #[arg(long, value_name = "DIR", conflicts_with_all = ["kernel", "probe", "pmem", "disk", "share", "rng", "balloon"])]
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["kernel", "probe", "pmem", "disk", "share", "rng", "balloon", "memory_budget"])]
     pub restore: Option<std::path::PathBuf>,
     /// (clones) the template's RAM file is this inherited descriptor.
     #[arg(long, hide = true, requires = "restore")]
@@ -175,6 +182,11 @@ fn summary(args: &RunArgs, outcome: &RunOutcome, pmem: &PmemRegions) -> Value {
         obj.as_object_mut()
             .expect("object")
             .insert("balloon".into(), json!(b));
+    }
+    if let Some(t) = &outcome.tier {
+        obj.as_object_mut()
+            .expect("object")
+            .insert("memory_tier".into(), json!(crate::cmd::tier::info(t)));
     }
     if let Some(m) = &outcome.memory {
         let o = obj.as_object_mut().expect("object");
@@ -270,6 +282,7 @@ pub fn main(args: RunArgs) -> anyhow::Result<i32> {
         devices,
         device_specs: serde_json::to_value(&specs)?,
         balloon: args.balloon,
+        memory_budget: args.memory_budget.clone(),
     };
     let started = Instant::now();
     let vmm = densevm_vmm::builder::build(config).context("could not start the VM")?;
@@ -329,7 +342,10 @@ fn run_with_api(
                 specs.clone(),
                 disk_handles,
                 pmem.clone(),
-                balloon,
+                crate::cmd::vm_api::MemoryApi {
+                    balloon,
+                    tier: vmm.tier(),
+                },
             )?)
         }
         None => None,

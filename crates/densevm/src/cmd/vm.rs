@@ -69,6 +69,16 @@ enum VmCommand {
     },
     /// Show the guest's memory statistics and the balloon's size (GET /balloon/statistics).
     BalloonStats(Sock),
+    /// Show the memory tier (GET /memory-tier: budget, resident RAM, pages compressed and
+    /// in the swap file, faults), after setting a new budget with --budget (PATCH
+    /// /memory-tier). The VM needs `densevm run --memory-budget`.
+    MemoryTier {
+        #[command(flatten)]
+        sock: Sock,
+        /// The new DRAM budget for guest RAM (e.g. 256M).
+        #[arg(long, value_name = "SIZE")]
+        budget: Option<String>,
+    },
     /// Start COUNT VMs from a snapshot directory (`densevm vm snapshot`), each a `densevm run
     /// --restore` process with its sockets and console file in the directory; they map its
     /// memory file copy-on-write, so pages none of them writes exist once in the page cache.
@@ -203,6 +213,35 @@ pub fn main(args: VmArgs) -> anyhow::Result<i32> {
                 mib(st.swap_in),
             );
             done(s.json, serde_json::to_value(st)?, human)
+        }
+        VmCommand::MemoryTier { sock, budget } => {
+            let client = ApiClient::new(&sock.api_sock);
+            if let Some(b) = budget {
+                let bytes = densevm_probe::parse_size(&b)
+                    .map_err(|e| anyhow::anyhow!("--budget {b}: {e} (sizes like 256M)"))?;
+                let mib = u32::try_from(bytes >> 20)
+                    .map_err(|_| anyhow::anyhow!("--budget {b} is too large"))?;
+                client.set_memory_budget(mib)?;
+            }
+            let t = client.memory_tier()?;
+            let human = format!(
+                "memory tier: budget {} MiB, resident {} MiB; compressed {} pages in {} KiB, swap file {} pages
+left RAM: {} zero, {} compressed, {} to swap ({} demoted); faults: {} missing, {} minor (cold-page samples), {} prefetched; service CPU {:.1} ms",
+                t.budget_mib,
+                t.resident_kib >> 10,
+                t.compressed_pages,
+                t.compressed_kib,
+                t.swap_pages,
+                t.evicted_zero,
+                t.evicted_compressed,
+                t.evicted_swap,
+                t.demoted,
+                t.missing_faults,
+                t.minor_faults,
+                t.prefetched,
+                t.service_cpu_us as f64 / 1e3,
+            );
+            done(sock.json, serde_json::to_value(t)?, human)
         }
         VmCommand::CloneFrom {
             snapshot,

@@ -1,5 +1,6 @@
 //! The per-VM API socket of `densevm run --api-sock`: maps API requests onto the VM's
-//! control handle and its balloon (`cmd/balloon.rs`), and starts clone processes.
+//! control handle, its balloon (`cmd/balloon.rs`) and its memory tier (`cmd/tier.rs`),
+//! and starts clone processes.
 
 use crate::cmd::clones::{template_hook, Starting};
 use densevm_api::request::ApiRequest;
@@ -20,6 +21,14 @@ fn error_response(e: ControlError) -> ApiResponse {
     ApiResponse::error(status, e.to_string())
 }
 
+/// What the API reaches of a VM's memory besides its control handle.
+pub struct MemoryApi {
+    /// The balloon, if the VM has one.
+    pub balloon: Option<crate::cmd::balloon::BalloonApi>,
+    /// The memory tier, if the VM runs with `--memory-budget`.
+    pub tier: Option<densevm_vmm::tiering::TierHandle>,
+}
+
 /// Serves `handle` on `path` until the returned handle is shut down.
 pub fn serve(
     path: &Path,
@@ -28,8 +37,9 @@ pub fn serve(
     specs: crate::cmd::devices::DeviceSpecs,
     disk_handles: Vec<BackendHandle>,
     pmem: crate::cmd::pmem::PmemRegions,
-    balloon: Option<crate::cmd::balloon::BalloonApi>,
+    memory: MemoryApi,
 ) -> anyhow::Result<ApiServerHandle> {
+    let MemoryApi { balloon, tier } = memory;
     let server = ApiServer::bind(path)?;
     // Where each writable disk's top image is now (it moves to an overlay at every clone).
     let tops: Arc<Mutex<Vec<PathBuf>>> = Arc::new(Mutex::new(
@@ -119,6 +129,9 @@ pub fn serve(
             | ApiRequest::GetBalloonStats
             | ApiRequest::PatchBalloonStats(_)) => {
                 crate::cmd::balloon::answer(balloon.as_ref(), request)
+            }
+            request @ (ApiRequest::GetMemoryTier | ApiRequest::PatchMemoryTier(_)) => {
+                crate::cmd::tier::answer(tier.as_ref(), request)
             }
         }
     };

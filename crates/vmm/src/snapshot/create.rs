@@ -236,6 +236,13 @@ impl Vmm {
         let mut ram = lock_ram(&shared_ram);
         let unchanged = matches_template(self.memory.regions(), &ram)
             .map_err(failed("reading the page map of guest RAM"))?;
+        // The template's file must hold all of RAM: a tier gives its pages back and ends.
+        let returned = ram
+            .end_tier()
+            .map_err(failed("moving tiered pages back into the RAM file"))?;
+        if returned > 0 {
+            tracing::debug!("template: {returned} bytes came back from the memory tier");
+        }
         let file = match (&ram.file, ram.shared) {
             (Some(file), true) => {
                 write_windows(self.memory.regions(), file)

@@ -237,7 +237,6 @@ fn copy_pages(region: &RegionInfo, out: &File, which: Pages, skip_zero: bool) ->
 }
 
 /// How a VM's RAM is held.
-#[derive(Debug)]
 pub struct RamFile {
     /// The file RAM regions map (none when RAM is anonymous).
     pub file: Option<std::sync::Arc<File>>,
@@ -247,6 +246,20 @@ pub struct RamFile {
     /// Guest ranges `(gpa, len)` discarded while mapped private over a template: they
     /// read as zeros whatever the template holds there.
     discarded: Vec<(u64, u64)>,
+    /// The memory tier keeping a shared RAM file under a DRAM budget (`--memory-budget`,
+    /// crate::tiering): pages it moved out are holes in the file.
+    pub tier: Option<densevm_tier::Tier>,
+}
+
+impl std::fmt::Debug for RamFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RamFile")
+            .field("file", &self.file)
+            .field("shared", &self.shared)
+            .field("discarded", &self.discarded)
+            .field("tier", &self.tier.as_ref().map(|t| t.budget()))
+            .finish()
+    }
 }
 
 impl RamFile {
@@ -256,6 +269,17 @@ impl RamFile {
             file,
             shared,
             discarded: Vec::new(),
+            tier: None,
+        }
+    }
+
+    /// Moves every page the tier holds back into the RAM file and ends the tier, so that
+    /// the file alone holds guest RAM (before it becomes a clone template). Returns the
+    /// bytes moved.
+    pub fn end_tier(&mut self) -> io::Result<u64> {
+        match self.tier.take() {
+            Some(tier) => tier.dissolve(),
+            None => Ok(0),
         }
     }
 
@@ -280,6 +304,11 @@ impl RamFile {
                     region.name
                 ),
             ));
+        }
+        if let (Some(tier), true) = (&self.tier, self.shared) {
+            // The tier forgets what it holds there and punches the file (RAM sits in it
+            // at offset = guest address).
+            return tier.discard(gpa, len);
         }
         let addr = (region.host_addr + (gpa - region.gpa)) as *mut libc::c_void;
         // SAFETY: [addr, addr + len) lies inside the region's own live mapping (checked
@@ -372,6 +401,9 @@ fn zero_range(out: &File, off: u64, len: u64) -> io::Result<()> {
 /// offset = guest address, sparse: RAM from the RAM file's data plus this VM's private
 /// pages, boot-image windows page by page. Returns the bytes written.
 pub fn write_memory(regions: &[RegionInfo], ram: &RamFile, out: &File) -> io::Result<u64> {
+    // A tier is held still while RAM is copied: the pages it moved out are holes in the
+    // file, written from the tier after the file's data.
+    let frozen = ram.tier.as_ref().map(|t| t.freeze());
     let mut written = 0;
     let mut end = 0;
     for r in regions.iter().filter(|r| r.kind != RegionKind::External) {
@@ -384,6 +416,9 @@ pub fn write_memory(regions: &[RegionInfo], ram: &RamFile, out: &File) -> io::Re
         match &ram.file {
             Some(file) => {
                 written += copy_file_data(file, out, r.gpa, r.gpa + r.size)?;
+                if let Some(frozen) = &frozen {
+                    written += frozen.write_tiered(out, r.gpa, r.gpa + r.size)?;
+                }
                 if !ram.shared {
                     // Discarded ranges read as zeros, not as the template: clear them,
                     // then lay the pages written since on top.

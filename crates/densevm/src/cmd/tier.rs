@@ -1,0 +1,112 @@
+//! `--memory-budget` (guest RAM under a DRAM budget, crates/tier): its option parser, the
+//! per-VM API's `/memory-tier` routes and the JSON form of the tier's counters.
+
+use anyhow::bail;
+use densevm_api::request::ApiRequest;
+use densevm_api::server::ApiResponse;
+use densevm_api::types::MemoryTierInfo;
+use densevm_vmm::tiering::{TierHandle, TierSettings, TierStats};
+use std::path::PathBuf;
+
+const USAGE: &str = "SIZE[,compressed=SIZE][,swap_dir=DIR], e.g. --memory-budget 256M";
+
+/// Parses `--memory-budget SIZE[,compressed=SIZE][,swap_dir=DIR]`.
+pub fn parse_memory_budget(spec: &str) -> anyhow::Result<TierSettings> {
+    let mut parts = spec.split(',').filter(|o| !o.is_empty());
+    let Some(size) = parts.next() else {
+        bail!("--memory-budget needs a size ({USAGE})");
+    };
+    let size_of = |what: &str, v: &str| -> anyhow::Result<u64> {
+        densevm_probe::parse_size(v).map_err(|e| {
+            anyhow::anyhow!("--memory-budget {spec}: {what} {v:?}: {e} (sizes like 64M or 1G)")
+        })
+    };
+    let budget = size_of("the budget", size)?;
+    densevm_vmm::tiering::check_budget(budget, u64::MAX)
+        .map_err(|e| anyhow::anyhow!("--memory-budget {spec}: {e}"))?;
+    let mut settings = TierSettings {
+        budget,
+        compressed_max: None,
+        swap_dir: std::env::temp_dir(),
+    };
+    for o in parts {
+        match o.split_once('=') {
+            Some(("compressed", v)) => settings.compressed_max = Some(size_of("compressed", v)?),
+            Some(("swap_dir", v)) => {
+                let dir = PathBuf::from(v);
+                if !dir.is_dir() {
+                    bail!("--memory-budget {spec}: swap_dir {v} is not a directory");
+                }
+                settings.swap_dir = dir;
+            }
+            _ => bail!("--memory-budget {spec}: unknown option '{o}' ({USAGE})"),
+        }
+    }
+    Ok(settings)
+}
+
+/// The tier's counters as the API and `--json` report them.
+pub fn info(s: &TierStats) -> MemoryTierInfo {
+    MemoryTierInfo {
+        budget_mib: s.budget >> 20,
+        resident_kib: s.resident >> 10,
+        compressed_pages: s.compressed_pages,
+        compressed_kib: s.compressed_bytes >> 10,
+        swap_pages: s.swap_pages,
+        evicted_zero: s.evicted_zero,
+        evicted_compressed: s.evicted_compressed,
+        evicted_swap: s.evicted_swap,
+        demoted: s.demoted,
+        missing_faults: s.missing_faults,
+        minor_faults: s.minor_faults,
+        prefetched: s.prefetched,
+        armed: s.armed,
+        service_cpu_us: s.service_cpu_ns / 1000,
+    }
+}
+
+const NO_TIER: &str = "this VM has no memory tier: start it with densevm run --memory-budget SIZE (a VM that became a clone template leaves its tier)";
+
+/// Answers `GET` and `PATCH /memory-tier`.
+pub fn answer(tier: Option<&TierHandle>, request: ApiRequest) -> ApiResponse {
+    let Some(t) = tier else {
+        return ApiResponse::error(400, NO_TIER);
+    };
+    match request {
+        ApiRequest::GetMemoryTier => match t.stats() {
+            Some(s) => ApiResponse::ok(&info(&s)),
+            None => ApiResponse::error(400, NO_TIER),
+        },
+        ApiRequest::PatchMemoryTier(u) => match t.set_budget(u64::from(u.budget_mib) << 20) {
+            Ok(()) => ApiResponse::no_content(),
+            Err(e) => ApiResponse::error(400, e),
+        },
+        _ => ApiResponse::error(500, "not a /memory-tier request"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn budget_options_parse_and_bad_ones_say_why() {
+        let s = parse_memory_budget("64M").unwrap();
+        assert_eq!((s.budget, s.compressed_max), (64 << 20, None));
+        let s = parse_memory_budget("1G,compressed=128M,swap_dir=/tmp").unwrap();
+        assert_eq!(s.budget, 1 << 30);
+        assert_eq!(s.compressed_max, Some(128 << 20));
+        assert_eq!(s.swap_dir, PathBuf::from("/tmp"));
+        for (bad, says) in [
+            ("", "needs a size"),
+            ("lots", "the budget"),
+            ("1M", "minimum"),
+            ("64M,swap_dir=/nonexistent", "not a directory"),
+            ("64M,zstd", "unknown option"),
+            ("64M,compressed=x", "compressed"),
+        ] {
+            let e = parse_memory_budget(bad).unwrap_err().to_string();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+    }
+}

@@ -1,0 +1,69 @@
+#!/bin/sh
+# Memory tiering with the stock Debian guest (issue #13), one L1 boot, one L2:
+# `densevm run --memory 512M --memory-budget 256M` (a DRAM budget of half its RAM) with an
+# API socket. The guest's workload fills a tmpfs with 128 MiB from /dev/urandom (does not
+# compress: the swap file) and 128 MiB of a repeated line (compresses), copies the random
+# file, and checksums everything twice: 384 MiB of live data, 1.5x the budget, on top of
+# the kernel's own use. Checks:
+#  - the guest finishes, every checksum agrees, and the compressible file's checksum equals
+#    the host's for the same bytes (the data is right, not only stable);
+#  - the tier moved pages to both tiers and served them back (GET /memory-tier, and the
+#    final JSON report's memory_tier);
+#  - guest RAM resident in L1, sampled every second through the API, never exceeds the
+#    budget plus the tier's slack (1/32 of it: 8 MiB).
+# Printed: the workload's time, the tier's counters and CPU time, the VMM's peak RSS.
+. "$LAB_SRC/lib/test-lib.sh"
+need_l2_densevm
+need_cmd awk sha256sum yes head
+W=/tmp/tiering
+tmpfs_workdir "$W"
+
+GUEST=$(cat <<'EOF'
+mkdir -p /mnt/t && mount -t tmpfs -o size=420m tmpfs /mnt/t || { echo "guest: no tmpfs"; exit 3; }
+sum() { set -- $(sha256sum "$1"); echo "$1"; }
+t0=$(now)
+dd if=/dev/urandom of=/mnt/t/r bs=1M count=128 2>/dev/null || exit 4
+yes densevm-tiering-0123456789 | head -c 134217728 > /mnt/t/c || exit 4
+r1=$(sum /mnt/t/r); c1=$(sum /mnt/t/c)
+cp /mnt/t/r /mnt/t/r2 || exit 4
+r2=$(sum /mnt/t/r2); r3=$(sum /mnt/t/r); c2=$(sum /mnt/t/c)
+mark R1 "$r1"; mark R2 "$r2"; mark R3 "$r3"; mark C1 "$c1"; mark C2 "$c2"
+mark WORKLOAD-S "$(awk "BEGIN { print $(now) - $t0 }")"
+[ "$r1" = "$r2" ] && [ "$r1" = "$r3" ] && [ "$c1" = "$c2" ] || { echo "guest: checksums differ"; exit 5; }
+EOF
+)
+L2_MEM=512M
+l2_start "$W/vm.log" "$GUEST_INITRD" "$GUEST_FNS
+$GUEST" --api-sock "$W/api.sock" --memory-budget 256M
+vm=$L2_PID
+trap 'kill $vm 2>/dev/null' EXIT
+# Sample guest RAM resident (the tier's own figure) and the VMM's RSS until the VM ends.
+peak_res=0 peak_rss=0 samples=0
+while kill -0 "$vm" 2>/dev/null; do
+  if densevm vm memory-tier --api-sock "$W/api.sock" --json > "$W/t.json" 2>/dev/null; then
+    res=$(json_number "$W/t.json" resident_kib)
+    [ -n "$res" ] && [ "$res" -gt "$peak_res" ] && peak_res=$res
+    samples=$((samples + 1))
+  fi
+  rss=$(awk '$1 == "Rss:" { print $2 }' "/proc/$vm/smaps_rollup" 2>/dev/null)
+  [ -n "$rss" ] && [ "$rss" -gt "$peak_rss" ] && peak_rss=$rss
+  l2_follow "$W/vm.log"
+  [ "$(($(cut -d. -f1 /proc/uptime) - L2_START))" -lt 1500 ] || break
+  sleep 1
+done
+l2_wait "$W/vm.log" "tiered guest" 1500
+log=$W/vm.log
+want_c=$(yes densevm-tiering-0123456789 | head -c 134217728 | sha256sum | cut -d' ' -f1)
+[ "$(guest_value "$log" C1)" = "$want_c" ] ||
+  fail "the compressible file's checksum in the guest ($(guest_value "$log" C1)) is not the host's ($want_c)"
+[ -n "$(guest_value "$log" R1)" ] || fail "the guest printed no checksum"
+echo "workload: $(guest_value "$log" WORKLOAD-S) s; $samples samples, peak guest RAM resident $((peak_res / 1024)) MiB, peak VMM RSS $((peak_rss / 1024)) MiB"
+tr -d '\n ' < "$log.json" | grep -o '"memory_tier":{[^}]*}' || fail "no memory_tier in the JSON report"
+n() { tr -d '\n ' < "$log.json" | grep -o '"memory_tier":{[^}]*}' | sed -n "s/.*\"$1\":\([0-9]*\).*/\1/p"; }
+[ "$(n evicted_swap)" -gt 0 ] || fail "no page went to the swap file"
+[ "$(n evicted_compressed)" -gt 0 ] || fail "no page was compressed"
+[ "$(n missing_faults)" -gt 0 ] || fail "no page came back"
+[ "$samples" -ge 5 ] || fail "only $samples samples of GET /memory-tier"
+limit=$(((256 + 8) * 1024))
+[ "$peak_res" -le "$limit" ] || fail "guest RAM resident peaked at $peak_res KiB, over the budget + slack ($limit KiB)"
+echo "PASS: tiered guest (budget 256 MiB of 512) finished its workload with correct checksums"
