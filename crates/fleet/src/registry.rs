@@ -15,10 +15,13 @@ use crate::cgroup::{Cgroups, VmCgroup};
 use crate::host::ProcFs;
 use crate::launcher::{signal_group, ApiControl, LaunchPlan, Launcher, VmControl, VmProcess};
 use crate::policy::Priority;
-use crate::types::{GuestMemory, VmCreate, VmInfo, VmPatch, VmStatus};
+use crate::types::{GuestMemory, TierMemory, VmCreate, VmInfo, VmPatch, VmStatus};
 
 /// Longest unix socket path (sun_path holds 108 bytes with the NUL).
 const MAX_SOCKET_PATH: usize = 107;
+
+/// The smallest DRAM budget densevm takes (docs/tiering.md).
+pub const MIN_BUDGET_MIB: u64 = 4;
 
 /// What the registry is set up with.
 #[derive(Debug, Clone)]
@@ -44,6 +47,10 @@ pub struct Measured {
     pub guest: Option<GuestMemory>,
     /// Why the balloon cannot be read or set.
     pub balloon_error: Option<String>,
+    /// The tier's counters (VMs with a budget).
+    pub tier: Option<TierMemory>,
+    /// Why the tier cannot be read or its budget set.
+    pub tier_error: Option<String>,
 }
 
 /// The record kept in `vm.json`.
@@ -55,6 +62,10 @@ struct Record {
     min_mib: u64,
     max_mib: u64,
     balloon_mib: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    budget_mib: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    budget_user_mib: Option<u64>,
 }
 
 /// One VM.
@@ -74,6 +85,10 @@ pub struct Vm {
     pub balloon_mib: u64,
     /// The balloon target still has to reach the VM.
     pub pending: bool,
+    /// Its DRAM budget now (None: it has no tier).
+    pub budget_mib: Option<u64>,
+    /// The budget the user set; the policy lowers `budget_mib` under it and raises it back.
+    pub budget_user_mib: Option<u64>,
     process: Box<dyn VmProcess>,
     /// How its process ended.
     pub exit: Option<String>,
@@ -124,6 +139,10 @@ impl Vm {
             cpu_pct: self.measured.cpu_pct,
             guest: self.measured.guest,
             balloon_error: self.measured.balloon_error.clone(),
+            memory_budget_mib: self.budget_mib,
+            memory_budget_user_mib: self.budget_user_mib,
+            tier: self.measured.tier,
+            tier_error: self.measured.tier_error.clone(),
             spec: self.spec.clone(),
         }
     }
@@ -136,6 +155,8 @@ impl Vm {
             min_mib: self.min_mib,
             max_mib: self.max_mib,
             balloon_mib: self.balloon_mib,
+            budget_mib: self.budget_mib,
+            budget_user_mib: self.budget_user_mib,
         }
     }
 
@@ -214,6 +235,9 @@ pub fn run_args(spec: &VmCreate, id: &str, dir: &Path) -> Vec<String> {
         for s in &spec.shares {
             push("--share", s);
         }
+        if let Some(b) = spec.memory_budget_mib {
+            push("--memory-budget", &format!("{b}M"));
+        }
         if spec.kernel.is_some() {
             // The balloon the policy drives: statistics every tick, freed pages back to
             // the host, and the guest may deflate rather than OOM-kill. It starts empty;
@@ -281,12 +305,32 @@ fn check_create(spec: &VmCreate) -> Result<(u64, u64), ApiErrorResponse> {
     if all.clone().any(|s| s.contains('\0')) {
         return Err(bad("strings may not contain NUL bytes"));
     }
+    if let Some(b) = spec.memory_budget_mib {
+        if spec.restore.is_some() {
+            return Err(bad(
+                "memory_budget_mib cannot go with restore: a restored VM maps its RAM private \
+                 over the snapshot's memory file, which the tier does not serve \
+                 (docs/tiering.md); boot the VM (kernel or probe) to give it a budget",
+            ));
+        }
+        check_budget(spec.memory_mib, b)?;
+    }
     let max = spec.max_mib.unwrap_or(spec.memory_mib);
     let min = spec
         .min_mib
         .unwrap_or((spec.memory_mib / 4).max(1).min(max));
     check_bounds(spec.memory_mib, min, max)?;
     Ok((min, max))
+}
+
+fn check_budget(memory: u64, budget: u64) -> Result<(), ApiErrorResponse> {
+    if !(MIN_BUDGET_MIB..=memory).contains(&budget) {
+        return Err(bad(format!(
+            "memory_budget_mib {budget} is out of range: {MIN_BUDGET_MIB} to the VM's memory \
+             ({memory} MiB)"
+        )));
+    }
+    Ok(())
 }
 
 fn check_bounds(memory: u64, min: u64, max: u64) -> Result<(), ApiErrorResponse> {
@@ -399,6 +443,8 @@ impl Registry {
             max_mib: max,
             balloon_mib: spec.memory_mib - max,
             pending: spec.memory_mib > max,
+            budget_mib: spec.memory_budget_mib,
+            budget_user_mib: spec.memory_budget_mib,
             spec,
             process,
             exit: None,
@@ -454,6 +500,26 @@ impl Registry {
         let min = patch.min_mib.unwrap_or(vm.min_mib);
         let max = patch.max_mib.unwrap_or(vm.max_mib);
         check_bounds(vm.memory_mib, min, max)?;
+        if let Some(b) = patch.memory_budget_mib {
+            if vm.budget_user_mib.is_none() {
+                return Err(ApiErrorResponse::new(
+                    409,
+                    format!(
+                        "VM {id} has no memory tier: a budget is given when a VM is created \
+                         (memory_budget_mib in POST /vms), not added later"
+                    ),
+                ));
+            }
+            check_budget(vm.memory_mib, b)?;
+            let mib = u32::try_from(b).map_err(|_| bad("memory_budget_mib too large"))?;
+            vm.process.control().set_memory_budget(mib).map_err(|e| {
+                ApiErrorResponse::new(409, format!("VM {id} cannot set its memory budget: {e}"))
+            })?;
+            tracing::info!(vm = %id, from_mib = ?vm.budget_mib, to_mib = b, "memory budget set by the user");
+            vm.budget_mib = Some(b);
+            vm.budget_user_mib = Some(b);
+            vm.measured.tier_error = None;
+        }
         if let Some(b) = patch.balloon_mib {
             let left = vm.memory_mib.checked_sub(b);
             if left.is_none_or(|l| l < min || l > max) {
@@ -602,6 +668,8 @@ impl Registry {
                 max_mib: rec.max_mib,
                 balloon_mib: rec.balloon_mib,
                 pending: false,
+                budget_mib: rec.budget_mib,
+                budget_user_mib: rec.budget_user_mib,
                 spec: rec.spec,
                 process: Box::new(adopted),
                 exit,
@@ -708,6 +776,53 @@ mod tests {
             },
         ] {
             assert!(!run_args(&other, "a", dir).contains(&"--balloon".to_string()));
+        }
+    }
+
+    /// A budget becomes `--memory-budget NM` for Linux and probe VMs; with a restore it is
+    /// refused before anything starts.
+    #[test]
+    fn a_budget_is_passed_to_densevm_run_and_refused_with_a_restore() {
+        let dir = Path::new("/state/vms/a");
+        for spec in [
+            VmCreate {
+                kernel: Some("/k".into()),
+                memory_mib: 256,
+                memory_budget_mib: Some(64),
+                ..Default::default()
+            },
+            VmCreate {
+                probe: Some("exit 0".into()),
+                memory_mib: 64,
+                memory_budget_mib: Some(64),
+                ..Default::default()
+            },
+        ] {
+            check_create(&spec).unwrap();
+            let args = run_args(&spec, "a", dir);
+            let at = args.iter().position(|a| a == "--memory-budget").unwrap();
+            assert_eq!(args[at + 1], format!("{}M", spec.memory_budget_mib.unwrap()));
+        }
+        let restore = VmCreate {
+            restore: Some("/snap".into()),
+            memory_mib: 256,
+            memory_budget_mib: Some(64),
+            ..Default::default()
+        };
+        let e = check_create(&restore).unwrap_err();
+        assert_eq!(e.status, 400);
+        assert!(e.message.contains("restore"), "{}", e.message);
+        for b in [0, 3, 257] {
+            let spec = VmCreate {
+                memory_budget_mib: Some(b),
+                ..restore.clone()
+            };
+            let spec = VmCreate {
+                restore: None,
+                kernel: Some("/k".into()),
+                ..spec
+            };
+            assert_eq!(check_create(&spec).unwrap_err().status, 400, "budget {b}");
         }
     }
 }
