@@ -801,7 +801,10 @@ mod tests {
             check_create(&spec).unwrap();
             let args = run_args(&spec, "a", dir);
             let at = args.iter().position(|a| a == "--memory-budget").unwrap();
-            assert_eq!(args[at + 1], format!("{}M", spec.memory_budget_mib.unwrap()));
+            assert_eq!(
+                args[at + 1],
+                format!("{}M", spec.memory_budget_mib.unwrap())
+            );
         }
         let restore = VmCreate {
             restore: Some("/snap".into()),
