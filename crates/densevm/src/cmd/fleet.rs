@@ -112,6 +112,9 @@ enum FleetCommand {
         /// Balloon target (memory taken from the guest).
         #[arg(long, value_parser = parse_mib)]
         balloon: Option<u64>,
+        /// A new DRAM budget for the VM's RAM (a VM created with --memory-budget).
+        #[arg(long, value_name = "SIZE", value_parser = parse_mib)]
+        memory_budget: Option<u64>,
     },
     /// Stop and forget a VM (DELETE /vms/ID): SIGTERM, then SIGKILL after the grace period.
     Delete {
@@ -164,6 +167,11 @@ struct CreateArgs {
     /// Most guest memory (default --memory).
     #[arg(long, value_parser = parse_mib)]
     max: Option<u64>,
+    /// A DRAM budget for its RAM (`densevm run --memory-budget`, docs/tiering.md): its
+    /// coldest pages leave DRAM for densevm's compressed and swap tiers; the policy may
+    /// lower it when the host runs low. Not with --restore.
+    #[arg(long, value_name = "SIZE", value_parser = parse_mib)]
+    memory_budget: Option<u64>,
 }
 
 /// A watermark: MiB, or a percentage of MemTotal.
@@ -215,8 +223,22 @@ fn vm_line(v: &VmInfo) -> String {
         Some(how) => format!("exited ({how})"),
         None => format!("pid {}", v.pid),
     };
+    let budget = match (v.memory_budget_mib, v.memory_budget_user_mib, &v.tier) {
+        (Some(b), Some(u), t) => {
+            let user = if u == b {
+                String::new()
+            } else {
+                format!(" (user {u})")
+            };
+            let resident = t.map_or(String::new(), |t| {
+                format!(", {} MiB resident", t.resident_kib >> 10)
+            });
+            format!("  budget {b} MiB{user}{resident}")
+        }
+        _ => String::new(),
+    };
     format!(
-        "{:<16} {:<7} {:<24} mem {} MiB [{}..{}] balloon {} MiB  rss {} MiB  pss {} MiB",
+        "{:<16} {:<7} {:<24} mem {} MiB [{}..{}] balloon {} MiB  rss {} MiB  pss {} MiB{budget}",
         v.id,
         v.priority.as_str(),
         status,
@@ -268,6 +290,7 @@ pub fn main(args: FleetArgs) -> anyhow::Result<i32> {
                 priority: c.priority.into(),
                 min_mib: c.min,
                 max_mib: c.max,
+                memory_budget_mib: c.memory_budget,
             };
             let vm = FleetClient::new(&c.sock.sock).create(&spec)?;
             print_vm(c.sock.json, &vm)
@@ -299,12 +322,14 @@ pub fn main(args: FleetArgs) -> anyhow::Result<i32> {
             min,
             max,
             balloon,
+            memory_budget,
         } => {
             let patch = VmPatch {
                 priority: priority.map(Into::into),
                 min_mib: min,
                 max_mib: max,
                 balloon_mib: balloon,
+                memory_budget_mib: memory_budget,
             };
             let vm = FleetClient::new(&sock.sock).patch(&id, &patch)?;
             print_vm(sock.json, &vm)
