@@ -83,6 +83,10 @@ enum FleetCommand {
         /// Seconds a delete waits after SIGTERM before SIGKILL.
         #[arg(long, default_value_t = 5)]
         grace_secs: u64,
+        /// The policy lowers no VM's DRAM budget under this (default 16M), nor under a
+        /// quarter of its RAM.
+        #[arg(long, value_name = "SIZE", value_parser = parse_mib)]
+        budget_floor: Option<u64>,
     },
     /// Start a VM (POST /vms).
     Create(Box<CreateArgs>),
@@ -263,6 +267,7 @@ pub fn main(args: FleetArgs) -> anyhow::Result<i32> {
             tick_ms,
             idle_cpu_pct,
             grace_secs,
+            budget_floor,
         } => serve(ServeArgs {
             sock,
             state_dir,
@@ -273,6 +278,7 @@ pub fn main(args: FleetArgs) -> anyhow::Result<i32> {
             tick: Duration::from_millis(tick_ms.max(10)),
             idle_cpu_pct,
             grace: Duration::from_secs(grace_secs),
+            budget_floor,
         }),
         FleetCommand::Create(c) => {
             let spec = VmCreate {
@@ -360,6 +366,7 @@ struct ServeArgs {
     tick: Duration,
     idle_cpu_pct: Option<f64>,
     grace: Duration,
+    budget_floor: Option<u64>,
 }
 
 /// The fleet's cgroup, or why there is none.
@@ -393,6 +400,9 @@ fn serve(a: ServeArgs) -> anyhow::Result<i32> {
     }
     if let Some(pct) = a.idle_cpu_pct {
         policy.idle_cpu_pct = pct;
+    }
+    if let Some(mib) = a.budget_floor {
+        policy.budget_floor_mib = mib;
     }
     policy.check().map_err(anyhow::Error::msg)?;
     std::fs::create_dir_all(&a.state_dir)
