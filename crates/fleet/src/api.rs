@@ -19,7 +19,7 @@ use densevm_api::ApiResponse;
 
 use crate::daemon::Fleet;
 use crate::metrics::{all_kinds, direction_label, Exposition, CONTENT_TYPE};
-use crate::policy::HostMode;
+use crate::policy::{budget_kinds, HostMode};
 use crate::registry::valid_id;
 use crate::types::{FleetInfo, VmCreate, VmInfo, VmPatch, VmStatus};
 
@@ -259,12 +259,34 @@ pub fn metrics_text(fleet: &Fleet) -> String {
             n as f64,
         );
     }
+    for (name, help, map) in [
+        (
+            "densevm_fleet_policy_budget_actions_total",
+            "DRAM budgets set by the policy, by direction and reason.",
+            &counters.budget_actions,
+        ),
+        (
+            "densevm_fleet_policy_budget_action_errors_total",
+            "Policy DRAM budgets a VM refused, by direction and reason.",
+            &counters.budget_action_errors,
+        ),
+    ] {
+        e.family(name, "counter", help);
+        for k in budget_kinds() {
+            let n = map.get(&k).copied().unwrap_or(0);
+            e.sample(
+                name,
+                &[("direction", k.0.as_str()), ("reason", k.1.as_str())],
+                n as f64,
+            );
+        }
+    }
     let running: Vec<&VmInfo> = vms
         .iter()
         .filter(|v| v.status == VmStatus::Running)
         .collect();
     type Getter = fn(&VmInfo) -> Option<f64>;
-    let per_vm: [(&str, &str, Getter); 11] = [
+    let per_vm: [(&str, &str, Getter); 19] = [
         (
             "densevm_fleet_vm_rss_bytes",
             "VMM process RSS (smaps_rollup).",
@@ -316,8 +338,53 @@ pub fn metrics_text(fleet: &Fleet) -> String {
             "VMM CPU over the last tick, percent of one CPU.",
             |v| v.cpu_pct,
         ),
+        (
+            "densevm_fleet_vm_memory_budget_bytes",
+            "DRAM budget of the VM's RAM now (the policy may have lowered it).",
+            |v| v.memory_budget_mib.map(|m| (m << 20) as f64),
+        ),
+        (
+            "densevm_fleet_vm_memory_budget_user_bytes",
+            "DRAM budget the user set.",
+            |v| v.memory_budget_user_mib.map(|m| (m << 20) as f64),
+        ),
+        (
+            "densevm_fleet_vm_tier_resident_bytes",
+            "Guest RAM resident in DRAM (the tier's count, last tick).",
+            |v| v.tier.map(|t| (t.resident_kib << 10) as f64),
+        ),
+        (
+            "densevm_fleet_vm_tier_compressed_bytes",
+            "DRAM the tier's compressed store takes.",
+            |v| v.tier.map(|t| (t.compressed_kib << 10) as f64),
+        ),
+        (
+            "densevm_fleet_vm_tier_swap_bytes",
+            "Guest RAM in the tier's swap file.",
+            |v| v.tier.map(|t| (t.swap_pages << 12) as f64),
+        ),
+        (
+            "densevm_fleet_vm_tier_missing_faults_total",
+            "Accesses to guest pages out of DRAM, served by the tier.",
+            |v| v.tier.map(|t| t.missing_faults as f64),
+        ),
+        (
+            "densevm_fleet_vm_tier_evictions_total",
+            "Guest pages that left DRAM (zero, compressed or to the swap file).",
+            |v| v.tier.map(|t| t.evicted as f64),
+        ),
+        (
+            "densevm_fleet_vm_tier_service_cpu_seconds_total",
+            "CPU time of the tier's service thread.",
+            |v| v.tier.map(|t| t.service_cpu_us as f64 / 1e6),
+        ),
     ];
     for (name, help, get) in per_vm {
+        let kind = if name.ends_with("_total") {
+            "counter"
+        } else {
+            "gauge"
+        };
         let samples: Vec<(&VmInfo, f64)> = running
             .iter()
             .filter_map(|v| get(v).map(|x| (*v, x)))
@@ -325,7 +392,7 @@ pub fn metrics_text(fleet: &Fleet) -> String {
         if samples.is_empty() {
             continue;
         }
-        e.family(name, "gauge", help);
+        e.family(name, kind, help);
         for (v, x) in samples {
             e.sample(name, &[("vm", &v.id), ("priority", v.priority.as_str())], x);
         }

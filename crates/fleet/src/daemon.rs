@@ -8,21 +8,22 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use densevm_api::{ApiServer, BalloonStats};
+use densevm_api::{ApiServer, BalloonStats, MemoryTierInfo};
 
 use crate::host::{ProcFs, ProcSample};
 use crate::launcher::VmControl;
 use crate::metrics::Counters;
 use crate::policy::{self, Action, GuestStats, HostMode, HostSample, PolicyConfig, PolicyState};
-use crate::policy::{PolicyInput, VmInput};
+use crate::policy::{BudgetAction, PolicyInput, TierInput, VmInput};
 use crate::registry::Registry;
-use crate::types::{CgroupInfo, FleetInfo, GuestMemory};
+use crate::types::{CgroupInfo, FleetInfo, GuestMemory, TierMemory};
 
 /// A pending balloon target is retried every this many ticks.
 const PENDING_RETRY_TICKS: u64 = 10;
 
-/// A running VM to measure: id, pid, control, a pending balloon target to send.
-type Target = (String, u32, Arc<dyn VmControl>, Option<u64>);
+/// A running VM to measure: id, pid, control, a pending balloon target to send, whether
+/// it has a memory tier to read.
+type Target = (String, u32, Arc<dyn VmControl>, Option<u64>, bool);
 
 /// Counters of a VM between ticks.
 #[derive(Debug, Clone, Copy, Default)]
@@ -145,18 +146,20 @@ impl Fleet {
                 .map(|v| {
                     let pending =
                         (v.pending && tick % PENDING_RETRY_TICKS == 0).then_some(v.balloon_mib);
-                    (v.id.clone(), v.pid(), v.control(), pending)
+                    let tiered = v.budget_mib.is_some();
+                    (v.id.clone(), v.pid(), v.control(), pending, tiered)
                 })
                 .collect();
             (tick, targets)
         };
         // Measure without the lock: the API stays responsive while VMs answer.
         let mut measured = Vec::new();
-        for (id, pid, control, pending) in targets {
+        for (id, pid, control, pending, tiered) in targets {
             let pending_result = pending.map(|mib| (mib, set(&*control, mib)));
             let proc = self.procfs.process(pid);
             let stats = control.balloon_stats();
-            measured.push((id, proc, stats, pending_result, control));
+            let tier = tiered.then(|| control.memory_tier());
+            measured.push((id, proc, stats, tier, pending_result, control));
         }
         let host = self.procfs.host();
         let now = Instant::now();
@@ -164,7 +167,7 @@ impl Fleet {
         let s = &mut *s;
         let mut vms = Vec::new();
         let mut controls = BTreeMap::new();
-        for (id, proc, stats, pending, control) in measured {
+        for (id, proc, stats, tier, pending, control) in measured {
             let hz = self.procfs.clock_ticks();
             let prev = s.prev.entry(id.clone()).or_default();
             let Some(vm) = s.registry.vm_mut(&id) else {
@@ -200,6 +203,26 @@ impl Fleet {
                 available_mib: g.available_mib,
                 caches_mib: g.caches_mib,
             });
+            match tier {
+                Some(Ok(t)) => {
+                    vm.measured.tier = Some(tier_memory(&t));
+                    vm.measured.tier_error = None;
+                }
+                Some(Err(e)) => vm.measured.tier_error = Some(e),
+                None => {}
+            }
+            // The policy works from the budget the fleet set (a PATCH may have come in
+            // since the VM answered) and what the tier holds.
+            let tier = match (vm.budget_mib, vm.budget_user_mib, &vm.measured.tier) {
+                (Some(budget), Some(user), Some(t)) if vm.measured.tier_error.is_none() => {
+                    Some(TierInput {
+                        budget_mib: budget,
+                        user_budget_mib: user,
+                        used_mib: (t.resident_kib + t.compressed_kib).div_ceil(1024),
+                    })
+                }
+                _ => None,
+            };
             vms.push(VmInput {
                 id: id.clone(),
                 priority: vm.priority,
@@ -210,6 +233,7 @@ impl Fleet {
                 cpu_pct,
                 // A target not yet delivered: the policy waits for it.
                 stats: guest.filter(|_| !vm.pending),
+                tier,
             });
             controls.insert(id, control);
         }
@@ -230,6 +254,15 @@ impl Fleet {
             };
             let result = set(&**control, a.balloon_mib);
             record(s, &a, result);
+        }
+        for b in decision.budgets {
+            let Some(control) = controls.get(&b.vm) else {
+                continue;
+            };
+            let result = u32::try_from(b.budget_mib)
+                .map_err(|_| format!("{} MiB is too large", b.budget_mib))
+                .and_then(|mib| control.set_memory_budget(mib));
+            record_budget(s, &b, result);
         }
     }
 
@@ -291,6 +324,50 @@ fn record(s: &mut State, a: &Action, result: Result<(), String>) {
                 vm.measured.balloon_error = Some(e);
             }
         }
+    }
+}
+
+fn record_budget(s: &mut State, b: &BudgetAction, result: Result<(), String>) {
+    let key = (b.direction, b.reason);
+    match result {
+        Ok(()) => {
+            tracing::info!(
+                vm = %b.vm,
+                direction = b.direction.as_str(),
+                reason = b.reason.as_str(),
+                from_mib = b.from_mib,
+                to_mib = b.budget_mib,
+                "{}",
+                b.detail
+            );
+            *s.counters.budget_actions.entry(key).or_default() += 1;
+            if let Some(vm) = s.registry.vm_mut(&b.vm) {
+                vm.budget_mib = Some(b.budget_mib);
+                vm.measured.tier_error = None;
+            }
+        }
+        Err(e) => {
+            tracing::warn!(vm = %b.vm, reason = b.reason.as_str(), "{}: not applied: {e}", b.detail);
+            *s.counters.budget_action_errors.entry(key).or_default() += 1;
+            if let Some(vm) = s.registry.vm_mut(&b.vm) {
+                vm.measured.tier_error = Some(e);
+            }
+        }
+    }
+}
+
+/// The fleet's view of a VM's `GET /memory-tier`.
+fn tier_memory(t: &MemoryTierInfo) -> TierMemory {
+    TierMemory {
+        budget_mib: t.budget_mib,
+        resident_kib: t.resident_kib,
+        compressed_pages: t.compressed_pages,
+        compressed_kib: t.compressed_kib,
+        swap_pages: t.swap_pages,
+        evicted: t.evicted_zero + t.evicted_compressed + t.evicted_swap,
+        missing_faults: t.missing_faults,
+        minor_faults: t.minor_faults,
+        service_cpu_us: t.service_cpu_us,
     }
 }
 

@@ -11,7 +11,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use densevm_api::{ApiClient, BalloonStats};
+use densevm_api::{ApiClient, BalloonStats, MemoryTierInfo};
 
 use crate::cgroup::VmCgroup;
 
@@ -38,6 +38,15 @@ pub trait VmControl: Send + Sync {
     fn set_balloon(&self, amount_mib: u32) -> Result<(), String>;
     /// Asks the guest to shut down; `Ok(false)` when the VM has no way to be asked.
     fn shutdown(&self) -> Result<bool, String>;
+    /// The DRAM budget and the tier's counters (`GET /memory-tier`).
+    fn memory_tier(&self) -> Result<MemoryTierInfo, String> {
+        Err("this VM control has no memory tier".into())
+    }
+    /// A new DRAM budget (`PATCH /memory-tier`).
+    fn set_memory_budget(&self, budget_mib: u32) -> Result<(), String> {
+        let _ = budget_mib;
+        Err("this VM control has no memory tier".into())
+    }
 }
 
 /// A started VM process.
@@ -81,6 +90,16 @@ impl VmControl for ApiControl {
     fn set_balloon(&self, amount_mib: u32) -> Result<(), String> {
         self.client
             .set_balloon_target(amount_mib)
+            .map_err(|e| e.to_string())
+    }
+
+    fn memory_tier(&self) -> Result<MemoryTierInfo, String> {
+        self.client.memory_tier().map_err(|e| e.to_string())
+    }
+
+    fn set_memory_budget(&self, budget_mib: u32) -> Result<(), String> {
+        self.client
+            .set_memory_budget(budget_mib)
             .map_err(|e| e.to_string())
     }
 

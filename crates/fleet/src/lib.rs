@@ -6,6 +6,7 @@
 //!   carried between ticks (the rules and their numbers are in its docs).
 //! - [`registry`]: the VMs: create, list, inspect, change, delete; reaping; adoption of
 //!   VMs an earlier daemon started.
+//! - [`spec`]: a create request's checks and the `densevm run` arguments it becomes.
 //! - [`launcher`]: starting a VM ([`launcher::ProcessLauncher`] runs `densevm run`; tests
 //!   use fakes).
 //! - [`cgroup`]: cgroup v2 `memory.max` per VM, when a memory controller is usable.
@@ -23,6 +24,7 @@ pub mod launcher;
 pub mod metrics;
 pub mod policy;
 pub mod registry;
+pub mod spec;
 pub mod types;
 
 pub use client::FleetClient;

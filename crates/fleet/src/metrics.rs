@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
-use crate::policy::{Direction, Reason};
+use crate::policy::{BudgetDirection, Direction, Reason};
 
 /// The content type of the exposition.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -16,6 +16,10 @@ pub struct Counters {
     pub actions: BTreeMap<(Direction, Reason), u64>,
     /// Policy actions the VM refused, by (direction, reason).
     pub action_errors: BTreeMap<(Direction, Reason), u64>,
+    /// DRAM budgets set by the policy, by (direction, reason).
+    pub budget_actions: BTreeMap<(BudgetDirection, Reason), u64>,
+    /// DRAM budgets the VM refused, by (direction, reason).
+    pub budget_action_errors: BTreeMap<(BudgetDirection, Reason), u64>,
     /// Ticks run.
     pub ticks: u64,
 }

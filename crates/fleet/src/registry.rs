@@ -4,7 +4,7 @@
 //! record (`vm.json`) lets a restarted daemon adopt the VMs an earlier one started.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,7 +15,9 @@ use crate::cgroup::{Cgroups, VmCgroup};
 use crate::host::ProcFs;
 use crate::launcher::{signal_group, ApiControl, LaunchPlan, Launcher, VmControl, VmProcess};
 use crate::policy::Priority;
-use crate::types::{GuestMemory, VmCreate, VmInfo, VmPatch, VmStatus};
+use crate::spec::{bad, check_bounds, check_budget, check_create};
+pub use crate::spec::{run_args, valid_id, MIN_BUDGET_MIB};
+use crate::types::{GuestMemory, TierMemory, VmCreate, VmInfo, VmPatch, VmStatus};
 
 /// Longest unix socket path (sun_path holds 108 bytes with the NUL).
 const MAX_SOCKET_PATH: usize = 107;
@@ -44,6 +46,10 @@ pub struct Measured {
     pub guest: Option<GuestMemory>,
     /// Why the balloon cannot be read or set.
     pub balloon_error: Option<String>,
+    /// The tier's counters (VMs with a budget).
+    pub tier: Option<TierMemory>,
+    /// Why the tier cannot be read or its budget set.
+    pub tier_error: Option<String>,
 }
 
 /// The record kept in `vm.json`.
@@ -55,6 +61,10 @@ struct Record {
     min_mib: u64,
     max_mib: u64,
     balloon_mib: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    budget_mib: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    budget_user_mib: Option<u64>,
 }
 
 /// One VM.
@@ -74,6 +84,10 @@ pub struct Vm {
     pub balloon_mib: u64,
     /// The balloon target still has to reach the VM.
     pub pending: bool,
+    /// Its DRAM budget now (None: it has no tier).
+    pub budget_mib: Option<u64>,
+    /// The budget the user set; the policy lowers `budget_mib` under it and raises it back.
+    pub budget_user_mib: Option<u64>,
     process: Box<dyn VmProcess>,
     /// How its process ended.
     pub exit: Option<String>,
@@ -124,6 +138,10 @@ impl Vm {
             cpu_pct: self.measured.cpu_pct,
             guest: self.measured.guest,
             balloon_error: self.measured.balloon_error.clone(),
+            memory_budget_mib: self.budget_mib,
+            memory_budget_user_mib: self.budget_user_mib,
+            tier: self.measured.tier,
+            tier_error: self.measured.tier_error.clone(),
             spec: self.spec.clone(),
         }
     }
@@ -136,6 +154,8 @@ impl Vm {
             min_mib: self.min_mib,
             max_mib: self.max_mib,
             balloon_mib: self.balloon_mib,
+            budget_mib: self.budget_mib,
+            budget_user_mib: self.budget_user_mib,
         }
     }
 
@@ -159,11 +179,6 @@ pub struct Registry {
     /// VM processes that ended (counted once each).
     pub exits_total: u64,
 }
-
-fn bad(msg: impl Into<String>) -> ApiErrorResponse {
-    ApiErrorResponse::bad_request(msg)
-}
-
 fn not_found(id: &str) -> ApiErrorResponse {
     ApiErrorResponse::new(
         404,
@@ -172,134 +187,6 @@ fn not_found(id: &str) -> ApiErrorResponse {
             densevm_api::request::quote(id)
         ),
     )
-}
-
-/// Whether `id` may name a VM: 1–64 of letters, digits, `.`, `_`, `-`, not starting with `.`.
-pub fn valid_id(id: &str) -> bool {
-    !id.is_empty()
-        && id.len() <= 64
-        && !id.starts_with('.')
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
-}
-
-/// The `densevm run` arguments for a VM (sockets and id included).
-pub fn run_args(spec: &VmCreate, id: &str, dir: &Path) -> Vec<String> {
-    let mut a = Vec::new();
-    let mut push = |k: &str, v: &str| {
-        a.push(k.to_owned());
-        a.push(v.to_owned());
-    };
-    if let Some(r) = &spec.restore {
-        push("--restore", r);
-    } else {
-        push("--memory", &format!("{}M", spec.memory_mib));
-        push("--cpus", &spec.vcpus.unwrap_or(1).to_string());
-        if let Some(k) = &spec.kernel {
-            push("--kernel", k);
-        }
-        if let Some(i) = &spec.initrd {
-            push("--initrd", i);
-        }
-        if let Some(c) = &spec.cmdline {
-            push("--cmdline", c);
-        }
-        if let Some(p) = &spec.probe {
-            push("--probe", p);
-        }
-        for d in &spec.disks {
-            push("--disk", d);
-        }
-        for s in &spec.shares {
-            push("--share", s);
-        }
-        if spec.kernel.is_some() {
-            // The balloon the policy drives: statistics every tick, freed pages back to
-            // the host, and the guest may deflate rather than OOM-kill. It starts empty;
-            // a max under the RAM is sent as the first target once the VM answers.
-            push(
-                "--balloon",
-                "amount_mib=0,deflate_on_oom,stats_interval_s=1,free_page_reporting=on",
-            );
-        }
-    }
-    push("--api-sock", &dir.join("api.sock").display().to_string());
-    push(
-        "--console-sock",
-        &dir.join("console.sock").display().to_string(),
-    );
-    push("--id", id);
-    if spec.rng && spec.restore.is_none() {
-        a.push("--rng".into());
-    }
-    a
-}
-
-/// Checks a create request: what to run, sizes and bounds. Returns (min, max).
-fn check_create(spec: &VmCreate) -> Result<(u64, u64), ApiErrorResponse> {
-    let sources = [&spec.kernel, &spec.probe, &spec.restore]
-        .iter()
-        .filter(|s| s.is_some())
-        .count();
-    if sources != 1 {
-        return Err(bad(
-            "give exactly one of kernel (a Linux guest), probe (the probe guest's script) or \
-             restore (a snapshot directory)",
-        ));
-    }
-    if spec.kernel.is_none() && (spec.initrd.is_some() || spec.cmdline.is_some()) {
-        return Err(bad("initrd and cmdline go with kernel"));
-    }
-    if spec.kernel.is_none() && (!spec.disks.is_empty() || !spec.shares.is_empty() || spec.rng) {
-        return Err(bad(
-            "disks, shares and rng are devices of a Linux guest (kernel); a restored VM \
-             reopens the devices its snapshot names",
-        ));
-    }
-    if spec.memory_mib == 0 || spec.memory_mib > 1 << 20 {
-        return Err(bad(format!(
-            "memory_mib {} is out of range: 1 to 1048576 (for a restore, the snapshot's RAM)",
-            spec.memory_mib
-        )));
-    }
-    if spec.vcpus.is_some_and(|n| n == 0 || n > 254) {
-        return Err(bad("vcpus must be 1 to 254"));
-    }
-    let strings = [
-        &spec.kernel,
-        &spec.initrd,
-        &spec.cmdline,
-        &spec.probe,
-        &spec.restore,
-    ];
-    let all = strings
-        .into_iter()
-        .flatten()
-        .chain(&spec.disks)
-        .chain(&spec.shares);
-    if all.clone().any(|s| s.contains('\0')) {
-        return Err(bad("strings may not contain NUL bytes"));
-    }
-    let max = spec.max_mib.unwrap_or(spec.memory_mib);
-    let min = spec
-        .min_mib
-        .unwrap_or((spec.memory_mib / 4).max(1).min(max));
-    check_bounds(spec.memory_mib, min, max)?;
-    Ok((min, max))
-}
-
-fn check_bounds(memory: u64, min: u64, max: u64) -> Result<(), ApiErrorResponse> {
-    if max > memory {
-        return Err(bad(format!(
-            "max_mib {max} is above the VM's memory ({memory} MiB): a balloon can only take \
-             memory away"
-        )));
-    }
-    if min > max {
-        return Err(bad(format!("min_mib {min} is above max_mib {max}")));
-    }
-    Ok(())
 }
 
 impl Registry {
@@ -399,6 +286,8 @@ impl Registry {
             max_mib: max,
             balloon_mib: spec.memory_mib - max,
             pending: spec.memory_mib > max,
+            budget_mib: spec.memory_budget_mib,
+            budget_user_mib: spec.memory_budget_mib,
             spec,
             process,
             exit: None,
@@ -454,6 +343,26 @@ impl Registry {
         let min = patch.min_mib.unwrap_or(vm.min_mib);
         let max = patch.max_mib.unwrap_or(vm.max_mib);
         check_bounds(vm.memory_mib, min, max)?;
+        if let Some(b) = patch.memory_budget_mib {
+            if vm.budget_user_mib.is_none() {
+                return Err(ApiErrorResponse::new(
+                    409,
+                    format!(
+                        "VM {id} has no memory tier: a budget is given when a VM is created \
+                         (memory_budget_mib in POST /vms), not added later"
+                    ),
+                ));
+            }
+            check_budget(vm.memory_mib, b)?;
+            let mib = u32::try_from(b).map_err(|_| bad("memory_budget_mib too large"))?;
+            vm.process.control().set_memory_budget(mib).map_err(|e| {
+                ApiErrorResponse::new(409, format!("VM {id} cannot set its memory budget: {e}"))
+            })?;
+            tracing::info!(vm = %id, from_mib = ?vm.budget_mib, to_mib = b, "memory budget set by the user");
+            vm.budget_mib = Some(b);
+            vm.budget_user_mib = Some(b);
+            vm.measured.tier_error = None;
+        }
         if let Some(b) = patch.balloon_mib {
             let left = vm.memory_mib.checked_sub(b);
             if left.is_none_or(|l| l < min || l > max) {
@@ -602,6 +511,8 @@ impl Registry {
                 max_mib: rec.max_mib,
                 balloon_mib: rec.balloon_mib,
                 pending: false,
+                budget_mib: rec.budget_mib,
+                budget_user_mib: rec.budget_user_mib,
                 spec: rec.spec,
                 process: Box::new(adopted),
                 exit,
@@ -669,45 +580,5 @@ impl VmProcess for Adopted {
 
     fn control(&self) -> Arc<dyn VmControl> {
         self.control.clone()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Linux VMs get the balloon the policy drives; probe VMs (no PCI) and restored ones
-    /// (their balloon comes from the snapshot) get no --balloon.
-    #[test]
-    fn linux_vms_get_a_balloon() {
-        let dir = Path::new("/state/vms/a");
-        let linux = VmCreate {
-            kernel: Some("/k".into()),
-            memory_mib: 256,
-            ..Default::default()
-        };
-        let args = run_args(&linux, "a", dir);
-        let at = args
-            .iter()
-            .position(|a| a == "--balloon")
-            .expect("--balloon");
-        assert_eq!(
-            args[at + 1],
-            "amount_mib=0,deflate_on_oom,stats_interval_s=1,free_page_reporting=on"
-        );
-        for other in [
-            VmCreate {
-                probe: Some("exit 0".into()),
-                memory_mib: 64,
-                ..Default::default()
-            },
-            VmCreate {
-                restore: Some("/snap".into()),
-                memory_mib: 256,
-                ..Default::default()
-            },
-        ] {
-            assert!(!run_args(&other, "a", dir).contains(&"--balloon".to_string()));
-        }
     }
 }

@@ -51,6 +51,10 @@ pub struct VmCreate {
     /// Most guest memory it may have, MiB (default all its RAM).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_mib: Option<u64>,
+    /// A DRAM budget for its RAM, MiB (`densevm run --memory-budget`, docs/tiering.md): at
+    /// least 4 and at most its RAM; not with `restore`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_budget_mib: Option<u64>,
 }
 
 /// `PATCH /vms/{id}`: what to change (absent fields stay).
@@ -69,6 +73,11 @@ pub struct VmPatch {
     /// A balloon target, MiB (RAM minus it must stay within min..=max).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub balloon_mib: Option<u64>,
+    /// A new DRAM budget, MiB (a VM created with `memory_budget_mib` only): sent to the
+    /// VM's `PATCH /memory-tier` at once; the policy lowers it no further than its floor
+    /// and raises it back to this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_budget_mib: Option<u64>,
 }
 
 /// Whether a VM's process runs.
@@ -94,6 +103,29 @@ pub struct GuestMemory {
     pub available_mib: u64,
     /// Page cache.
     pub caches_mib: u64,
+}
+
+/// A VM's memory tier at the last tick (its `GET /memory-tier`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TierMemory {
+    /// The budget the VM reported, MiB.
+    pub budget_mib: u64,
+    /// Guest RAM resident in DRAM, KiB.
+    pub resident_kib: u64,
+    /// Pages in the compressed store.
+    pub compressed_pages: u64,
+    /// DRAM the compressed store takes, KiB.
+    pub compressed_kib: u64,
+    /// Pages in the swap file.
+    pub swap_pages: u64,
+    /// Pages that left RAM (zero, compressed and to the swap file).
+    pub evicted: u64,
+    /// Accesses to pages out of RAM, served by bringing them back.
+    pub missing_faults: u64,
+    /// Accesses to armed pages (the cold-page detector's samples).
+    pub minor_faults: u64,
+    /// CPU time of the tier's service thread, microseconds.
+    pub service_cpu_us: u64,
 }
 
 /// A VM: `GET /vms/{id}`, an element of `GET /vms`.
@@ -140,6 +172,19 @@ pub struct VmInfo {
     /// Why the balloon cannot be read or set, when it cannot.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub balloon_error: Option<String>,
+    /// Its DRAM budget now, MiB (under `memory_budget_user_mib` while the policy has
+    /// lowered it), when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_budget_mib: Option<u64>,
+    /// The budget the user set (at creation or by `PATCH`), MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_budget_user_mib: Option<u64>,
+    /// The tier's counters at the last tick.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tier: Option<TierMemory>,
+    /// Why the tier cannot be read or its budget set, when it cannot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tier_error: Option<String>,
     /// How it was created.
     pub spec: VmCreate,
 }

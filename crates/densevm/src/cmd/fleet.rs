@@ -83,6 +83,10 @@ enum FleetCommand {
         /// Seconds a delete waits after SIGTERM before SIGKILL.
         #[arg(long, default_value_t = 5)]
         grace_secs: u64,
+        /// The policy lowers no VM's DRAM budget under this (default 16M), nor under a
+        /// quarter of its RAM.
+        #[arg(long, value_name = "SIZE", value_parser = parse_mib)]
+        budget_floor: Option<u64>,
     },
     /// Start a VM (POST /vms).
     Create(Box<CreateArgs>),
@@ -112,6 +116,9 @@ enum FleetCommand {
         /// Balloon target (memory taken from the guest).
         #[arg(long, value_parser = parse_mib)]
         balloon: Option<u64>,
+        /// A new DRAM budget for the VM's RAM (a VM created with --memory-budget).
+        #[arg(long, value_name = "SIZE", value_parser = parse_mib)]
+        memory_budget: Option<u64>,
     },
     /// Stop and forget a VM (DELETE /vms/ID): SIGTERM, then SIGKILL after the grace period.
     Delete {
@@ -164,6 +171,11 @@ struct CreateArgs {
     /// Most guest memory (default --memory).
     #[arg(long, value_parser = parse_mib)]
     max: Option<u64>,
+    /// A DRAM budget for its RAM (`densevm run --memory-budget`, docs/tiering.md): its
+    /// coldest pages leave DRAM for densevm's compressed and swap tiers; the policy may
+    /// lower it when the host runs low. Not with --restore.
+    #[arg(long, value_name = "SIZE", value_parser = parse_mib)]
+    memory_budget: Option<u64>,
 }
 
 /// A watermark: MiB, or a percentage of MemTotal.
@@ -215,8 +227,22 @@ fn vm_line(v: &VmInfo) -> String {
         Some(how) => format!("exited ({how})"),
         None => format!("pid {}", v.pid),
     };
+    let budget = match (v.memory_budget_mib, v.memory_budget_user_mib, &v.tier) {
+        (Some(b), Some(u), t) => {
+            let user = if u == b {
+                String::new()
+            } else {
+                format!(" (user {u})")
+            };
+            let resident = t.map_or(String::new(), |t| {
+                format!(", {} MiB resident", t.resident_kib >> 10)
+            });
+            format!("  budget {b} MiB{user}{resident}")
+        }
+        _ => String::new(),
+    };
     format!(
-        "{:<16} {:<7} {:<24} mem {} MiB [{}..{}] balloon {} MiB  rss {} MiB  pss {} MiB",
+        "{:<16} {:<7} {:<24} mem {} MiB [{}..{}] balloon {} MiB  rss {} MiB  pss {} MiB{budget}",
         v.id,
         v.priority.as_str(),
         status,
@@ -241,6 +267,7 @@ pub fn main(args: FleetArgs) -> anyhow::Result<i32> {
             tick_ms,
             idle_cpu_pct,
             grace_secs,
+            budget_floor,
         } => serve(ServeArgs {
             sock,
             state_dir,
@@ -251,6 +278,7 @@ pub fn main(args: FleetArgs) -> anyhow::Result<i32> {
             tick: Duration::from_millis(tick_ms.max(10)),
             idle_cpu_pct,
             grace: Duration::from_secs(grace_secs),
+            budget_floor,
         }),
         FleetCommand::Create(c) => {
             let spec = VmCreate {
@@ -268,6 +296,7 @@ pub fn main(args: FleetArgs) -> anyhow::Result<i32> {
                 priority: c.priority.into(),
                 min_mib: c.min,
                 max_mib: c.max,
+                memory_budget_mib: c.memory_budget,
             };
             let vm = FleetClient::new(&c.sock.sock).create(&spec)?;
             print_vm(c.sock.json, &vm)
@@ -299,12 +328,14 @@ pub fn main(args: FleetArgs) -> anyhow::Result<i32> {
             min,
             max,
             balloon,
+            memory_budget,
         } => {
             let patch = VmPatch {
                 priority: priority.map(Into::into),
                 min_mib: min,
                 max_mib: max,
                 balloon_mib: balloon,
+                memory_budget_mib: memory_budget,
             };
             let vm = FleetClient::new(&sock.sock).patch(&id, &patch)?;
             print_vm(sock.json, &vm)
@@ -335,6 +366,7 @@ struct ServeArgs {
     tick: Duration,
     idle_cpu_pct: Option<f64>,
     grace: Duration,
+    budget_floor: Option<u64>,
 }
 
 /// The fleet's cgroup, or why there is none.
@@ -368,6 +400,9 @@ fn serve(a: ServeArgs) -> anyhow::Result<i32> {
     }
     if let Some(pct) = a.idle_cpu_pct {
         policy.idle_cpu_pct = pct;
+    }
+    if let Some(mib) = a.budget_floor {
+        policy.budget_floor_mib = mib;
     }
     policy.check().map_err(anyhow::Error::msg)?;
     std::fs::create_dir_all(&a.state_dir)

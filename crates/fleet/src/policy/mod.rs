@@ -29,13 +29,21 @@
 //! VM whose balloon has not reached its last target is left alone; every change is at most
 //! `step_mib` per VM per tick, and changes under `min_change_mib` are not made. A VM
 //! without guest statistics (no balloon device, or none reported yet) is never touched.
+//!
+//! DRAM budgets (module [`budget`]) cover what balloons cannot: under the low watermark the
+//! budgets of tiered VMs the balloon rules left alone this tick (busy, short, without a
+//! balloon) are lowered toward a floor, low priority first; over the high watermark the
+//! budgets the policy lowered are raised back toward what the user set.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+mod budget;
 #[cfg(test)]
 mod tests;
+
+pub use budget::{budget_kinds, BudgetAction, BudgetDirection, TierInput};
 
 /// A VM's priority class: who gives memory first and who gets it first.
 #[derive(
@@ -88,8 +96,18 @@ pub struct PolicyConfig {
     pub short_available_pct: u64,
     /// or it had this many major faults in a tick, or it swapped anything in.
     pub short_major_faults: u64,
-    /// Ticks after an inflate before the VM may be deflated, and the reverse.
+    /// Ticks after an inflate before the VM may be deflated, and the reverse (and the
+    /// same between lowering a DRAM budget and raising it).
     pub reverse_cooldown_ticks: u64,
+    /// Most host memory one lowering of a VM's DRAM budget frees, and the largest raise.
+    #[serde(default = "budget::default_step")]
+    pub budget_step_mib: u64,
+    /// The policy lowers no budget under this percentage of the VM's RAM...
+    #[serde(default = "budget::default_floor_pct")]
+    pub budget_floor_pct: u64,
+    /// ...nor under this (nor under what the user set, if that is lower).
+    #[serde(default = "budget::default_floor_mib")]
+    pub budget_floor_mib: u64,
 }
 
 impl PolicyConfig {
@@ -113,6 +131,9 @@ impl PolicyConfig {
             short_available_pct: 10,
             short_major_faults: 64,
             reverse_cooldown_ticks: 15,
+            budget_step_mib: budget::default_step(),
+            budget_floor_pct: budget::default_floor_pct(),
+            budget_floor_mib: budget::default_floor_mib(),
         }
     }
 
@@ -135,6 +156,11 @@ impl PolicyConfig {
         }
         if self.short_available_pct >= 50 {
             return Err("short_available_pct must be under 50".into());
+        }
+        if self.budget_step_mib == 0 || self.budget_floor_pct > 100 {
+            return Err(
+                "the budget step must be > 0 and the budget floor at most 100% of RAM".into(),
+            );
         }
         Ok(())
     }
@@ -220,6 +246,9 @@ pub struct VmInput {
     pub cpu_pct: Option<f64>,
     /// Its guest's statistics (None: no balloon device, or none reported yet).
     pub stats: Option<GuestStats>,
+    /// Its memory tier (None: no DRAM budget, or its counters could not be read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tier: Option<TierInput>,
 }
 
 impl VmInput {
@@ -264,6 +293,9 @@ pub enum Reason {
     MakeRoom,
     /// Periodic squeeze of an idle VM: stale page cache goes back to the host.
     StaleCache,
+    /// Host `MemAvailable` over the high watermark: a budget the policy lowered goes back
+    /// up toward what the user set.
+    HostRecovered,
 }
 
 impl Reason {
@@ -275,6 +307,7 @@ impl Reason {
             Self::GuestShort => "guest_short",
             Self::MakeRoom => "make_room",
             Self::StaleCache => "stale_cache",
+            Self::HostRecovered => "host_recovered",
         }
     }
 }
@@ -321,6 +354,12 @@ pub struct VmMemory {
     pub squeezed_at: u64,
     /// A squeeze is under way.
     pub squeezing: bool,
+    /// Last tick its DRAM budget was lowered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_lowered: Option<u64>,
+    /// Last tick its DRAM budget was raised.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_raised: Option<u64>,
 }
 
 /// What the policy carries from tick to tick.
@@ -337,6 +376,8 @@ pub struct Decision {
     pub mode: HostMode,
     /// Balloon targets to set, in order.
     pub actions: Vec<Action>,
+    /// DRAM budgets to set, in order (after the balloon targets).
+    pub budgets: Vec<BudgetAction>,
     /// The state for the next tick.
     pub state: PolicyState,
 }
@@ -376,6 +417,7 @@ pub fn decide(cfg: &PolicyConfig, state: &PolicyState, input: &PolicyInput) -> D
         HostMode::Hold
     };
     let mut actions = Vec::new();
+    let mut budgets = Vec::new();
     match mode {
         HostMode::Reclaim => {
             let (reason, why) = if avail < cfg.low_watermark_mib {
@@ -393,7 +435,7 @@ pub fn decide(cfg: &PolicyConfig, state: &PolicyState, input: &PolicyInput) -> D
             };
             let middle = (cfg.low_watermark_mib + cfg.high_watermark_mib) / 2;
             let need = middle.saturating_sub(avail).max(cfg.step_mib);
-            reclaim(
+            let left = reclaim(
                 cfg,
                 &mut views,
                 &mut actions,
@@ -403,8 +445,12 @@ pub fn decide(cfg: &PolicyConfig, state: &PolicyState, input: &PolicyInput) -> D
                 &why,
                 tick,
             );
+            budget::lower(cfg, &mut views, &mut budgets, left, reason, &why, tick);
         }
-        HostMode::Grow => grow(cfg, &mut views, &mut actions, avail, tick),
+        HostMode::Grow => {
+            let room = grow(cfg, &mut views, &mut actions, avail, tick);
+            budget::raise(cfg, &mut views, &mut budgets, room, avail, tick);
+        }
         HostMode::Hold => {
             let neediest = views
                 .iter()
@@ -442,6 +488,7 @@ pub fn decide(cfg: &PolicyConfig, state: &PolicyState, input: &PolicyInput) -> D
     Decision {
         mode,
         actions,
+        budgets,
         state,
     }
 }
@@ -504,6 +551,7 @@ fn cooled(last: Option<u64>, tick: u64, cooldown: u64) -> bool {
     last.is_none_or(|t| tick.saturating_sub(t) >= cooldown)
 }
 
+/// Inflates balloons for `need` MiB of host memory; returns what is still needed.
 #[allow(clippy::too_many_arguments)]
 fn reclaim(
     cfg: &PolicyConfig,
@@ -514,7 +562,7 @@ fn reclaim(
     reason: Reason,
     why: &str,
     tick: u64,
-) {
+) -> u64 {
     let mut order: Vec<usize> = (0..views.len())
         .filter(|&i| {
             let v = &views[i];
@@ -563,6 +611,7 @@ fn reclaim(
         );
         push(actions, v, v.vm.balloon_mib + amount, reason, detail, tick);
     }
+    left
 }
 
 /// The guest's free memory (0 without statistics): free page reporting has returned it to
@@ -579,13 +628,14 @@ fn gainable(v: &View<'_>) -> u64 {
         .saturating_sub(free_mib(v))
 }
 
+/// Deflates the balloons of short guests; returns the room over the high watermark left.
 fn grow(
     cfg: &PolicyConfig,
     views: &mut [View<'_>],
     actions: &mut Vec<Action>,
     avail: u64,
     tick: u64,
-) {
+) -> u64 {
     let mut order: Vec<usize> = (0..views.len())
         .filter(|&i| {
             let v = &views[i];
@@ -645,6 +695,7 @@ fn grow(
         );
         push(actions, v, to, Reason::GuestShort, detail, tick);
     }
+    budget
 }
 
 fn squeeze(cfg: &PolicyConfig, views: &mut [View<'_>], actions: &mut Vec<Action>, tick: u64) {

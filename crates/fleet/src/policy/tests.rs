@@ -131,6 +131,7 @@ impl Sim {
                     balloon_mib: v.balloon,
                     cpu_pct: Some(v.cpu),
                     stats: v.has_stats.then(|| Self::stats(v)),
+                    tier: None,
                 })
                 .collect(),
         }
@@ -619,6 +620,7 @@ fn a_guest_that_deflated_on_its_own_is_grown_from_its_actual_balloon() {
                 caches_mib: 4,
                 ..Default::default()
             }),
+            tier: None,
         }],
     };
     let d = decide(&cfg, &PolicyState::default(), &input);
@@ -670,6 +672,7 @@ fn tmpfs_counts_as_used_not_as_cache() {
             balloon_mib: 0,
             cpu_pct: Some(0.0),
             stats: Some(tmpfs),
+            tier: None,
         }],
     };
     let d = decide(&cfg, &PolicyState::default(), &input);

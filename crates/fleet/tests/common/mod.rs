@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use densevm_api::{ApiServer, ApiServerHandle, BalloonStats};
+use densevm_api::{ApiServer, ApiServerHandle, BalloonStats, MemoryTierInfo};
 use densevm_fleet::cgroup::Cgroups;
 use densevm_fleet::host::ProcFs;
 use densevm_fleet::launcher::{LaunchPlan, Launcher, VmControl, VmProcess};
@@ -29,6 +29,9 @@ pub struct FakeVm {
     pub balloon_sets: Vec<u32>,
     /// None: no balloon device.
     pub stats: Option<BalloonStats>,
+    /// None: no memory tier (no budget).
+    pub tier: Option<MemoryTierInfo>,
+    pub budget_sets: Vec<u32>,
 }
 
 pub type Vms = Arc<Mutex<BTreeMap<String, FakeVm>>>;
@@ -77,6 +80,23 @@ impl VmControl for FakeControl {
 
     fn shutdown(&self) -> Result<bool, String> {
         Ok(false)
+    }
+
+    fn memory_tier(&self) -> Result<MemoryTierInfo, String> {
+        self.vms.lock().unwrap()[&self.id]
+            .tier
+            .ok_or_else(|| "API error 400: no memory tier".to_string())
+    }
+
+    fn set_memory_budget(&self, budget_mib: u32) -> Result<(), String> {
+        let mut vms = self.vms.lock().unwrap();
+        let vm = vms.get_mut(&self.id).unwrap();
+        let Some(t) = vm.tier.as_mut() else {
+            return Err("API error 400: no memory tier".into());
+        };
+        t.budget_mib = budget_mib.into();
+        vm.budget_sets.push(budget_mib);
+        Ok(())
     }
 }
 

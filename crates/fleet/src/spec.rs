@@ -1,0 +1,255 @@
+//! A VM's create request: its checks and the `densevm run` arguments it becomes.
+
+use std::path::Path;
+
+use densevm_api::request::ApiErrorResponse;
+
+use crate::types::VmCreate;
+
+/// The smallest DRAM budget densevm takes (docs/tiering.md).
+pub const MIN_BUDGET_MIB: u64 = 4;
+
+pub(crate) fn bad(msg: impl Into<String>) -> ApiErrorResponse {
+    ApiErrorResponse::bad_request(msg)
+}
+
+/// Whether `id` may name a VM: 1–64 of letters, digits, `.`, `_`, `-`, not starting with `.`.
+pub fn valid_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 64
+        && !id.starts_with('.')
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// The `densevm run` arguments for a VM (sockets and id included).
+pub fn run_args(spec: &VmCreate, id: &str, dir: &Path) -> Vec<String> {
+    let mut a = Vec::new();
+    let mut push = |k: &str, v: &str| {
+        a.push(k.to_owned());
+        a.push(v.to_owned());
+    };
+    if let Some(r) = &spec.restore {
+        push("--restore", r);
+    } else {
+        push("--memory", &format!("{}M", spec.memory_mib));
+        push("--cpus", &spec.vcpus.unwrap_or(1).to_string());
+        if let Some(k) = &spec.kernel {
+            push("--kernel", k);
+        }
+        if let Some(i) = &spec.initrd {
+            push("--initrd", i);
+        }
+        if let Some(c) = &spec.cmdline {
+            push("--cmdline", c);
+        }
+        if let Some(p) = &spec.probe {
+            push("--probe", p);
+        }
+        for d in &spec.disks {
+            push("--disk", d);
+        }
+        for s in &spec.shares {
+            push("--share", s);
+        }
+        if let Some(b) = spec.memory_budget_mib {
+            push("--memory-budget", &format!("{b}M"));
+        }
+        if spec.kernel.is_some() {
+            // The balloon the policy drives: statistics every tick, freed pages back to
+            // the host, and the guest may deflate rather than OOM-kill. It starts empty;
+            // a max under the RAM is sent as the first target once the VM answers.
+            push(
+                "--balloon",
+                "amount_mib=0,deflate_on_oom,stats_interval_s=1,free_page_reporting=on",
+            );
+        }
+    }
+    push("--api-sock", &dir.join("api.sock").display().to_string());
+    push(
+        "--console-sock",
+        &dir.join("console.sock").display().to_string(),
+    );
+    push("--id", id);
+    if spec.rng && spec.restore.is_none() {
+        a.push("--rng".into());
+    }
+    a
+}
+
+/// Checks a create request: what to run, sizes and bounds. Returns (min, max).
+pub(crate) fn check_create(spec: &VmCreate) -> Result<(u64, u64), ApiErrorResponse> {
+    let sources = [&spec.kernel, &spec.probe, &spec.restore]
+        .iter()
+        .filter(|s| s.is_some())
+        .count();
+    if sources != 1 {
+        return Err(bad(
+            "give exactly one of kernel (a Linux guest), probe (the probe guest's script) or \
+             restore (a snapshot directory)",
+        ));
+    }
+    if spec.kernel.is_none() && (spec.initrd.is_some() || spec.cmdline.is_some()) {
+        return Err(bad("initrd and cmdline go with kernel"));
+    }
+    if spec.kernel.is_none() && (!spec.disks.is_empty() || !spec.shares.is_empty() || spec.rng) {
+        return Err(bad(
+            "disks, shares and rng are devices of a Linux guest (kernel); a restored VM \
+             reopens the devices its snapshot names",
+        ));
+    }
+    if spec.memory_mib == 0 || spec.memory_mib > 1 << 20 {
+        return Err(bad(format!(
+            "memory_mib {} is out of range: 1 to 1048576 (for a restore, the snapshot's RAM)",
+            spec.memory_mib
+        )));
+    }
+    if spec.vcpus.is_some_and(|n| n == 0 || n > 254) {
+        return Err(bad("vcpus must be 1 to 254"));
+    }
+    let strings = [
+        &spec.kernel,
+        &spec.initrd,
+        &spec.cmdline,
+        &spec.probe,
+        &spec.restore,
+    ];
+    let all = strings
+        .into_iter()
+        .flatten()
+        .chain(&spec.disks)
+        .chain(&spec.shares);
+    if all.clone().any(|s| s.contains('\0')) {
+        return Err(bad("strings may not contain NUL bytes"));
+    }
+    if let Some(b) = spec.memory_budget_mib {
+        if spec.restore.is_some() {
+            return Err(bad(
+                "memory_budget_mib cannot go with restore: a restored VM maps its RAM private \
+                 over the snapshot's memory file, which the tier does not serve \
+                 (docs/tiering.md); boot the VM (kernel or probe) to give it a budget",
+            ));
+        }
+        check_budget(spec.memory_mib, b)?;
+    }
+    let max = spec.max_mib.unwrap_or(spec.memory_mib);
+    let min = spec
+        .min_mib
+        .unwrap_or((spec.memory_mib / 4).max(1).min(max));
+    check_bounds(spec.memory_mib, min, max)?;
+    Ok((min, max))
+}
+
+pub(crate) fn check_budget(memory: u64, budget: u64) -> Result<(), ApiErrorResponse> {
+    if !(MIN_BUDGET_MIB..=memory).contains(&budget) {
+        return Err(bad(format!(
+            "memory_budget_mib {budget} is out of range: {MIN_BUDGET_MIB} to the VM's memory \
+             ({memory} MiB)"
+        )));
+    }
+    Ok(())
+}
+
+pub(crate) fn check_bounds(memory: u64, min: u64, max: u64) -> Result<(), ApiErrorResponse> {
+    if max > memory {
+        return Err(bad(format!(
+            "max_mib {max} is above the VM's memory ({memory} MiB): a balloon can only take \
+             memory away"
+        )));
+    }
+    if min > max {
+        return Err(bad(format!("min_mib {min} is above max_mib {max}")));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Linux VMs get the balloon the policy drives; probe VMs (no PCI) and restored ones
+    /// (their balloon comes from the snapshot) get no --balloon.
+    #[test]
+    fn linux_vms_get_a_balloon() {
+        let dir = Path::new("/state/vms/a");
+        let linux = VmCreate {
+            kernel: Some("/k".into()),
+            memory_mib: 256,
+            ..Default::default()
+        };
+        let args = run_args(&linux, "a", dir);
+        let at = args
+            .iter()
+            .position(|a| a == "--balloon")
+            .expect("--balloon");
+        assert_eq!(
+            args[at + 1],
+            "amount_mib=0,deflate_on_oom,stats_interval_s=1,free_page_reporting=on"
+        );
+        for other in [
+            VmCreate {
+                probe: Some("exit 0".into()),
+                memory_mib: 64,
+                ..Default::default()
+            },
+            VmCreate {
+                restore: Some("/snap".into()),
+                memory_mib: 256,
+                ..Default::default()
+            },
+        ] {
+            assert!(!run_args(&other, "a", dir).contains(&"--balloon".to_string()));
+        }
+    }
+
+    /// A budget becomes `--memory-budget NM` for Linux and probe VMs; with a restore it is
+    /// refused before anything starts.
+    #[test]
+    fn a_budget_is_passed_to_densevm_run_and_refused_with_a_restore() {
+        let dir = Path::new("/state/vms/a");
+        for spec in [
+            VmCreate {
+                kernel: Some("/k".into()),
+                memory_mib: 256,
+                memory_budget_mib: Some(64),
+                ..Default::default()
+            },
+            VmCreate {
+                probe: Some("exit 0".into()),
+                memory_mib: 64,
+                memory_budget_mib: Some(64),
+                ..Default::default()
+            },
+        ] {
+            check_create(&spec).unwrap();
+            let args = run_args(&spec, "a", dir);
+            let at = args.iter().position(|a| a == "--memory-budget").unwrap();
+            assert_eq!(
+                args[at + 1],
+                format!("{}M", spec.memory_budget_mib.unwrap())
+            );
+        }
+        let restore = VmCreate {
+            restore: Some("/snap".into()),
+            memory_mib: 256,
+            memory_budget_mib: Some(64),
+            ..Default::default()
+        };
+        let e = check_create(&restore).unwrap_err();
+        assert_eq!(e.status, 400);
+        assert!(e.message.contains("restore"), "{}", e.message);
+        for b in [0, 3, 257] {
+            let spec = VmCreate {
+                memory_budget_mib: Some(b),
+                ..restore.clone()
+            };
+            let spec = VmCreate {
+                restore: None,
+                kernel: Some("/k".into()),
+                ..spec
+            };
+            assert_eq!(check_create(&spec).unwrap_err().status, 400, "budget {b}");
+        }
+    }
+}
