@@ -13,6 +13,8 @@ use std::time::Instant;
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+#[path = "support/profile.rs"]
+mod profile;
 
 use common::{create, fill, map, map_with, open, tmpdir, CLUSTER, MIB, PAGE};
 use densevm_pmem::{MapOptions, PmemRegion};
@@ -590,6 +592,10 @@ fn main() {
         ),
     );
         drop(r);
+    }
+    // Only on request: it needs the `fault-trace` feature and prints its own tables.
+    if only.as_deref() == Some("profile") {
+        profile::run(&d);
     }
     if let Some(bin) = std::env::var_os("DENSEVM_BIN").filter(|_| want("probe")) {
         probe_rows(&mut t, Path::new(&bin), &d);

@@ -10,6 +10,7 @@ use pcow::{AllocInit, EntryKind, SharedChain, UNIT_SIZE};
 
 use crate::error::{sys, PmemError, Result};
 use crate::staging::{populate_write, Staging};
+use crate::trace::{mark, Step};
 
 /// Host page size assumed by the mapping (x86-64).
 pub const PAGE: u64 = 4096;
@@ -220,6 +221,7 @@ impl Inner {
     /// pre-faulted here, so the woken thread's retry does not fault again.
     fn expand(&self, logical: u64, offset: u64) -> Result<()> {
         let a = self.chain.allocate(logical, AllocInit::Zeroed)?;
+        mark(Step::Allocated);
         self.next_tail.fetch_max(a.slot + 1, Ordering::Relaxed);
         let target = self.base + logical * self.cluster;
         let staged = self.staging.take(a.slot, a.file_offset);
@@ -240,9 +242,11 @@ impl Inner {
                 file_offset: a.file_offset,
                 writable: true,
             })?;
+            mark(Step::Mapped);
             // Best effort: without it the retry faults the page in itself.
             let _ = populate_write(self.base + (offset & !(PAGE - 1)), PAGE);
         }
+        mark(Step::WorkDone);
         self.counters.expansions.fetch_add(1, Ordering::Relaxed);
         self.note_allocation();
         Ok(())
@@ -263,6 +267,7 @@ impl Inner {
             vec![unit]
         };
         let a = self.chain.allocate(logical, AllocInit::Empty)?;
+        mark(Step::Allocated);
         self.next_tail.fetch_max(a.slot + 1, Ordering::Relaxed);
         if a.newly_allocated {
             self.note_allocation();
@@ -282,8 +287,10 @@ impl Inner {
             self.chain
                 .read()
                 .read(logical * self.cluster + first * UNIT_SIZE, &mut buf)?;
+            mark(Step::Read);
             let file_off = a.file_offset + first * UNIT_SIZE;
             pwrite_all(self.fds[0], &buf, file_off)?;
+            mark(Step::Written);
             self.map_run(&Run {
                 offset: logical * self.cluster + first * UNIT_SIZE,
                 len: n * UNIT_SIZE,
@@ -291,6 +298,7 @@ impl Inner {
                 file_offset: file_off,
                 writable: true,
             })?;
+            mark(Step::Mapped);
             state
                 .copied_up
                 .push((logical * self.cluster + first * UNIT_SIZE, n * UNIT_SIZE));
@@ -303,6 +311,7 @@ impl Inner {
         // (best effort: without it the retry faults the page in itself).
         let page = self.base + logical * self.cluster + unit as u64 * UNIT_SIZE;
         let _ = populate_write(page, PAGE);
+        mark(Step::WorkDone);
         state.copied.insert(logical, bits);
         self.counters.cow_faults.fetch_add(1, Ordering::Relaxed);
         self.counters

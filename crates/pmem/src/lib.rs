@@ -24,6 +24,7 @@ mod region;
 mod segv;
 mod service;
 mod staging;
+pub mod trace;
 pub mod uffd;
 
 pub use error::{PmemError, Result};

@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use crate::error::{PmemError, Result};
+use crate::trace::{mark, Step};
 
 /// Maximum number of live regions per process.
 pub const MAX_REGIONS: usize = 64;
@@ -141,6 +142,7 @@ fn install() -> Result<()> {
 }
 
 extern "C" fn handler(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    mark(Step::HandlerEntered);
     // SAFETY: the kernel passes a valid siginfo for SA_SIGINFO handlers.
     let addr = unsafe { (*info).si_addr() } as u64;
     for s in SLOTS.iter() {
@@ -172,6 +174,7 @@ extern "C" fn handler(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut li
         loop {
             let v = done.load(Ordering::Acquire);
             if v == DONE_OK {
+                mark(Step::HandlerLeaving);
                 return;
             }
             if v != 0 && v != PENDING_SLEEPING {
