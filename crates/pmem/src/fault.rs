@@ -24,6 +24,7 @@ pub(crate) struct Counters {
     pub read_faults: AtomicU64,
     pub uffd_write_faults: AtomicU64,
     pub segv_faults: AtomicU64,
+    pub segv_in_handler: AtomicU64,
     pub guest_hook_faults: AtomicU64,
     pub guest_writes_already_writable: AtomicU64,
     pub raced: AtomicU64,

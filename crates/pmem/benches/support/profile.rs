@@ -157,8 +157,8 @@ pub fn cow(d: &Path, name: &str, opts: MapOptions) {
     );
     let s = r.stats();
     println!(
-        "\nstats: cow units {}, SIGSEGV faults {}",
-        s.cow_units, s.segv_faults
+        "\nstats: cow units {}, SIGSEGV faults {}, served in the handler {}",
+        s.cow_units, s.segv_faults, s.segv_in_handler
     );
 }
 
@@ -223,6 +223,18 @@ pub fn run(d: &Path) {
         println!("profile: build with `--features fault-trace` to record the fault steps");
         return;
     }
-    cow(d, "default", MapOptions::default());
+    cow(
+        d,
+        "served on the faulting thread (default)",
+        MapOptions::default(),
+    );
+    cow(
+        d,
+        "handed to the service thread",
+        MapOptions {
+            cow_on_faulting_thread: false,
+            ..MapOptions::default()
+        },
+    );
     expansion(d, "default", MapOptions::default());
 }
