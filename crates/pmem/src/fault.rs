@@ -77,6 +77,9 @@ pub(crate) struct Inner {
     pub next_tail: AtomicU64,
     /// Tail clusters mapped and pre-faulted ahead of their allocation.
     pub staging: Staging,
+    /// Pre-fault the written page writable before the fault returns ([`crate::MapOptions`]
+    /// `prefault`), so the retried store does not fault again.
+    pub prefault: bool,
 }
 
 /// A run of contiguous host pages mapped from one file.
@@ -218,8 +221,8 @@ impl Inner {
 
     /// Thin expansion of `logical` for a write at region offset `offset`: allocate a zeroed
     /// cluster (entry written), then map it writable: the staged, pre-faulted cluster of that
-    /// slot moved into place if there is one, else a fresh mapping whose faulting page is
-    /// pre-faulted here, so the woken thread's retry does not fault again.
+    /// slot moved into place if there is one, else a fresh mapping (whose faulting page is
+    /// pre-faulted here with [`Inner::prefault`]; by default the retried store faults it in).
     fn expand(&self, logical: u64, offset: u64) -> Result<()> {
         let a = self.chain.allocate(logical, AllocInit::Zeroed)?;
         mark(Step::Allocated);
@@ -244,8 +247,10 @@ impl Inner {
                 writable: true,
             })?;
             mark(Step::Mapped);
-            // Best effort: without it the retry faults the page in itself.
-            let _ = populate_write(self.base + (offset & !(PAGE - 1)), PAGE);
+            if self.prefault {
+                // Best effort: without it the retry faults the page in itself.
+                let _ = populate_write(self.base + (offset & !(PAGE - 1)), PAGE);
+            }
         }
         mark(Step::WorkDone);
         self.counters.expansions.fetch_add(1, Ordering::Relaxed);
@@ -308,10 +313,11 @@ impl Inner {
             }
             i = j;
         }
-        // Pre-fault the written page writable, so the retried store does not fault again
-        // (best effort: without it the retry faults the page in itself).
-        let page = self.base + logical * self.cluster + unit as u64 * UNIT_SIZE;
-        let _ = populate_write(page, PAGE);
+        if self.prefault {
+            // Best effort: without it the retry faults the page in itself.
+            let page = self.base + logical * self.cluster + unit as u64 * UNIT_SIZE;
+            let _ = populate_write(page, PAGE);
+        }
         mark(Step::WorkDone);
         state.copied.insert(logical, bits);
         self.counters.cow_faults.fetch_add(1, Ordering::Relaxed);

@@ -42,6 +42,11 @@ pub struct MapOptions {
     /// page while the faulting thread polls on another CPU (docs/benchmarks.md `## pmem`).
     /// Falls back to the service thread where it cannot (see the `segv` module).
     pub cow_on_faulting_thread: bool,
+    /// Pre-fault the written page writable (`MADV_POPULATE_WRITE`) after an expansion or a
+    /// copy-up, before the faulting thread resumes, so its retried store does not fault
+    /// again. Off by default: measured here the madvise costs 0.5–1.4 µs more than the
+    /// fault it saves, and it sits on the faulting thread's path either way.
+    pub prefault: bool,
     /// Map at this host address (aligned to the cluster size and 2 MiB, the range free)
     /// instead of a new one: a VM's region moved onto another chain keeps the address its
     /// memory slots and devices know (a clone template's parent going on in an overlay).
@@ -57,6 +62,7 @@ impl Default for MapOptions {
             staging: false,
             spin: Duration::from_micros(50),
             cow_on_faulting_thread: true,
+            prefault: false,
             at: None,
         }
     }
@@ -377,6 +383,7 @@ impl PmemRegion {
             refill_cv: Condvar::new(),
             next_tail: std::sync::atomic::AtomicU64::new(0),
             staging: Staging::new(cs, fds0, opts.staging && writable),
+            prefault: opts.prefault,
         });
         inner
             .next_tail

@@ -2,7 +2,7 @@
 //!
 //! By default the handler serves the fault itself, on the faulting thread
 //! (`MapOptions::cow_on_faulting_thread`): it runs the region's write-fault path (copy the
-//! 4 KiB up, map it writable, pre-fault it) and returns, so the instruction is retried. This
+//! 4 KiB up and map it writable) and returns, so the instruction is retried. This
 //! saves the hand-over to the service thread and, above all, the TLB shoot-down IPI that
 //! the service thread's `mmap` over the read-only page needs while the faulting thread keeps
 //! its CPU polling (docs/benchmarks.md `## pmem`, the profile). The work needs more stack

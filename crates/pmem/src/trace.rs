@@ -26,7 +26,7 @@ pub enum Step {
     Written,
     /// The top-file page was mapped over the fault address.
     Mapped,
-    /// The written page was pre-faulted writable; the fault's work is done.
+    /// The fault's work is done (after the optional pre-fault of the written page).
     WorkDone,
     /// The faulting thread is about to be told (`UFFDIO_WAKE`, or the completion stored).
     WakeSent,

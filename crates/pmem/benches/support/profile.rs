@@ -104,7 +104,7 @@ pub fn cow(d: &Path, name: &str, opts: MapOptions) {
                 Mark(Step::HandlerEntered),
             ),
             (
-                "handler → work picked up",
+                "handler → work started (here or on the service thread)",
                 Mark(Step::HandlerEntered),
                 Mark(Step::PickedUp),
             ),
@@ -129,22 +129,22 @@ pub fn cow(d: &Path, name: &str, opts: MapOptions) {
                 Mark(Step::Mapped),
             ),
             (
-                "pre-fault it writable",
+                "pre-fault it writable (only with MapOptions::prefault)",
                 Mark(Step::Mapped),
                 Mark(Step::WorkDone),
             ),
             (
-                "bookkeeping → completion stored",
+                "bookkeeping → work finished",
                 Mark(Step::WorkDone),
                 Mark(Step::WakeSent),
             ),
             (
-                "completion seen by the handler",
+                "handler sees it finished",
                 Mark(Step::WakeSent),
                 Mark(Step::HandlerLeaving),
             ),
             (
-                "handler return (sigreturn) + retried store",
+                "sigreturn + retried store (faults the page in unless pre-faulted)",
                 Mark(Step::HandlerLeaving),
                 After,
             ),
@@ -197,13 +197,13 @@ pub fn expansion(d: &Path, name: &str, opts: MapOptions) {
                 Mark(Step::Mapped),
             ),
             (
-                "pre-fault the page writable",
+                "pre-fault the page writable (only with MapOptions::prefault)",
                 Mark(Step::Mapped),
                 Mark(Step::WorkDone),
             ),
             ("bookkeeping", Mark(Step::WorkDone), Mark(Step::WakeSent)),
             (
-                "UFFDIO_WAKE → store retried and done",
+                "UFFDIO_WAKE → retried store done (faults the page in unless pre-faulted)",
                 Mark(Step::WakeSent),
                 After,
             ),
@@ -237,4 +237,12 @@ pub fn run(d: &Path) {
         },
     );
     expansion(d, "default", MapOptions::default());
+    expansion(
+        d,
+        "pre-faulted before the wake",
+        MapOptions {
+            prefault: true,
+            ..MapOptions::default()
+        },
+    );
 }
