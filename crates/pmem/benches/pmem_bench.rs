@@ -343,10 +343,18 @@ fn main() {
 
     if want("expansion") {
         // --- Thin expansion: first write to each of N clusters, with the default options
-        // (polling fault round trip), with the staged pool, and without polling (the
-        // previous design).
+        // (polling fault round trip), with the written page pre-faulted before the wake (the
+        // previous default), with the staged pool, and without polling (the design before).
         let n_exp = 2048u64;
         let e = expansion(&d.join("thin.pcow"), n_exp, MapOptions::default());
+        let pre = expansion(
+            &d.join("thin-prefault.pcow"),
+            n_exp,
+            MapOptions {
+                prefault: true,
+                ..MapOptions::default()
+            },
+        );
         let staged = expansion(
             &d.join("thin-staged.pcow"),
             n_exp,
@@ -395,12 +403,13 @@ fn main() {
         "expansion: first write to an unallocated 64 KiB cluster, paced (pool ready)",
         us(e.paced),
         &format!(
-            "{} clusters in batches of 32; {} of the fallocated MAP_SHARED file page peer ({}), {} of the anonymous page peer ({}); with the staged pool {} ({} moved in); without polling (both ends sleep) {} ({})",
+            "{} clusters in batches of 32; {} of the fallocated MAP_SHARED file page peer ({}), {} of the anonymous page peer ({}); pre-faulted before the wake (`prefault`) {}; with the staged pool {} ({} moved in); without polling (both ends sleep) {} ({})",
             n_exp / 2,
             ratio(e.paced, plain),
             us(plain),
             ratio(e.paced, anon),
             us(anon),
+            us(pre.paced),
             us(staged.paced),
             staged.stats.staged_hits,
             us(old.paced),
@@ -411,9 +420,11 @@ fn main() {
         "expansion work without the uffd round trip",
         us(e.prep + e.after),
         &format!(
-            "allocate + mmap + pre-fault {} (`prepare_write`), then first store {}; with the staged pool (allocate + mremap) {} + {}",
+            "allocate + mmap {} (`prepare_write`), then first store {}; with `prefault` {} + {}; with the staged pool (allocate + mremap) {} + {}",
             us(e.prep),
             us(e.after),
+            us(pre.prep),
+            us(pre.after),
             us(staged.prep),
             us(staged.after)
         ),
@@ -422,11 +433,12 @@ fn main() {
         "expansion, burst (back to back)",
         us(e.burst),
         &format!(
-            "{} clusters; {} of all {} uffd faults were picked up by the polling service thread; {} of the fallocated MAP_SHARED peer; staged pool {}; without polling (both ends sleep) {} ({})",
+            "{} clusters; {} of all {} uffd faults were picked up by the polling service thread; {} of the fallocated MAP_SHARED peer; `prefault` {}; staged pool {}; without polling (both ends sleep) {} ({})",
             n_exp / 2 - 32,
             e.stats.spin_hits,
             e.stats.uffd_write_faults,
             ratio(e.burst, plain),
+            us(pre.burst),
             us(staged.burst),
             us(old.burst),
             ratio(old.burst, plain),
@@ -436,9 +448,10 @@ fn main() {
             "expansion: process CPU time per expansion (all threads, whole run)",
             us(e.cpu),
             &format!(
-                "polling costs {} per expansion: without polling {}; staged pool {}",
+                "polling costs {} per expansion: without polling {}; `prefault` {}; staged pool {}",
                 us(e.cpu - old.cpu),
                 us(old.cpu),
+                us(pre.cpu),
                 us(staged.cpu)
             ),
         );
@@ -484,25 +497,45 @@ fn main() {
     );
     }
     if want("cow") {
-        // --- 4 KiB copy-on-write over a snapshot.
+        // --- 4 KiB copy-on-write over a snapshot: served in the SIGSEGV handler (default),
+        // handed to the polling service thread with the page pre-faulted (the previous
+        // default), and with both ends of that round trip sleeping (the design before).
         let cow_len = 16 * MIB;
-        let img = d.join("cow.pcow");
-        create(&img, 64 * MIB, None);
-        let img2 = d.join("cow2.pcow");
-        create(&img2, 64 * MIB, None);
-        let img3 = d.join("cow3.pcow");
-        create(&img3, 64 * MIB, None);
-        for p in [&img, &img2, &img3] {
-            fill(p, cow_len, 0x11).snapshot_create("s").unwrap();
+        let service = MapOptions {
+            cow_on_faulting_thread: false,
+            prefault: true,
+            ..MapOptions::default()
+        };
+        let variants = [
+            ("cow", MapOptions::default()),
+            ("cow-service", service.clone()),
+            (
+                "cow-sleep",
+                MapOptions {
+                    spin: std::time::Duration::ZERO,
+                    ..service
+                },
+            ),
+        ];
+        let mut host = Vec::new();
+        for (name, opts) in variants {
+            let img = d.join(format!("{name}.pcow"));
+            create(&img, 64 * MIB, None);
+            fill(&img, cow_len, 0x11).snapshot_create("s").unwrap();
+            let r = map_with(&img, opts);
+            touch(r.host_addr(), cow_len, PAGE, false); // warm the page cache like the peers
+            let v = touch(r.host_addr(), cow_len, PAGE, true);
+            let s = r.stats();
+            let t0 = Instant::now();
+            r.flush().unwrap();
+            host.push((v, s, t0.elapsed().as_secs_f64() * 1e3));
         }
-        let r = map(&img);
-        touch(r.host_addr(), cow_len, PAGE, false); // warm the page cache like the peers
-        let cow_segv = touch(r.host_addr(), cow_len, PAGE, true);
-        let s = r.stats();
-        let t0 = Instant::now();
-        r.flush().unwrap();
-        let flush_ms = t0.elapsed().as_secs_f64() * 1e3;
-        drop(r);
+        let (cow_segv, s, flush_ms) = host[0];
+        let (cow_service, s_service, _) = host[1];
+        let cow_sleep = host[2].0;
+        let img2 = d.join("cow-hook.pcow");
+        create(&img2, 64 * MIB, None);
+        fill(&img2, cow_len, 0x11).snapshot_create("s").unwrap();
         let r = map(&img2);
         touch(r.host_addr(), cow_len, PAGE, false);
         let h = r.write_fault_handle();
@@ -511,17 +544,6 @@ fn main() {
             h.guest_write(off, Some(&[1u8])).unwrap();
         }
         let cow_hook = t0.elapsed().as_secs_f64() * 1e6 / (cow_len / PAGE) as f64;
-        drop(r);
-        // The previous design: both ends of the round trip sleep (no polling).
-        let r = map_with(
-            &img3,
-            MapOptions {
-                spin: std::time::Duration::ZERO,
-                ..MapOptions::default()
-            },
-        );
-        touch(r.host_addr(), cow_len, PAGE, false);
-        let cow_sleep = touch(r.host_addr(), cow_len, PAGE, true);
         drop(r);
         let f = data_file(&d.join("private"), cow_len, 0x11);
         let a = mmap(
@@ -534,14 +556,18 @@ fn main() {
         let kcow = touch(a, cow_len, PAGE, true);
         munmap(a, cow_len);
         t.row(
-        "4 KiB CoW, host thread (SIGSEGV → fault thread)",
+        "4 KiB CoW, host thread (SIGSEGV, served in the handler)",
         us(cow_segv),
         &format!(
-            "{} units, {} picked up by the polling service thread; kernel MAP_PRIVATE CoW {}; ratio {:.1}x; without polling (both ends sleep) {} = {:.1}x; flush of all copies {flush_ms:.1} ms",
+            "{} units, {} served on the faulting thread; kernel MAP_PRIVATE CoW {}; ratio {:.1}x; handed to the polling service thread and pre-faulted (previous default) {} = {:.1}x ({} of {} picked up while polling); both ends sleeping {} = {:.1}x; flush of all copies {flush_ms:.1} ms",
             s.cow_units,
-            s.spin_hits,
+            s.segv_in_handler,
             us(kcow),
             cow_segv / kcow,
+            us(cow_service),
+            cow_service / kcow,
+            s_service.spin_hits,
+            s_service.segv_faults,
             us(cow_sleep),
             cow_sleep / kcow
         ),
