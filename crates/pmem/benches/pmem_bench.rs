@@ -41,6 +41,44 @@ fn touch(addr: u64, len: u64, stride: u64, write: bool) -> f64 {
     t.elapsed().as_secs_f64() * 1e6 / (len / stride) as f64
 }
 
+/// Writes one byte every `stride` bytes of `[addr, addr+len)`, timing each store; returns
+/// the µs of each.
+fn stores(addr: u64, len: u64, stride: u64) -> Vec<f64> {
+    let mut out = Vec::with_capacity((len / stride) as usize);
+    let mut off = 0;
+    while off < len {
+        let t = Instant::now();
+        // SAFETY: callers pass ranges of live mappings.
+        unsafe { std::ptr::write_volatile((addr + off) as *mut u8, 1) };
+        out.push(t.elapsed().as_secs_f64() * 1e6);
+        off += stride;
+    }
+    out
+}
+
+/// Mean and median of per-store µs.
+#[derive(Clone, Copy, Default)]
+struct Lat {
+    mean: f64,
+    median: f64,
+}
+
+fn lat(mut v: Vec<f64>) -> Lat {
+    if v.is_empty() {
+        return Lat::default();
+    }
+    v.sort_by(f64::total_cmp);
+    Lat {
+        mean: v.iter().sum::<f64>() / v.len() as f64,
+        median: v[v.len() / 2],
+    }
+}
+
+/// "mean X µs / median Y µs".
+fn mm(l: Lat) -> String {
+    format!("{:.2} / {:.2} µs", l.mean, l.median)
+}
+
 fn mmap(len: u64, prot: i32, flags: i32, fd: i32) -> u64 {
     // SAFETY: a fresh mapping (no MAP_FIXED).
     let p = unsafe { libc::mmap(std::ptr::null_mut(), len as usize, prot, flags, fd, 0) };
@@ -262,10 +300,10 @@ fn probe_rows(t: &mut Table, bin: &Path, d: &Path) {
 
 /// Expansion latencies of one mapping configuration.
 struct Expansion {
-    paced: f64,
+    paced: Lat,
     prep: f64,
     after: f64,
-    burst: f64,
+    burst: Lat,
     vmas: usize,
     stats: densevm_pmem::PmemStats,
     /// Process CPU time (user + system, all threads) per expansion over the whole run.
@@ -290,14 +328,14 @@ fn expansion(img: &Path, n: u64, opts: MapOptions) -> Expansion {
     // Paced: batches of 32 first writes with a pause, so the pool thread keeps zero-filled
     // (and staged) clusters ready (the latency a guest sees when it is not expanding at full
     // speed).
-    let mut paced = 0.0;
+    let mut paced = Vec::new();
     let batch = 32;
     for b in 0..n / 2 / batch {
         std::thread::sleep(std::time::Duration::from_millis(20));
         let at = r.host_addr() + b * batch * CLUSTER;
-        paced += touch(at, batch * CLUSTER, CLUSTER, true);
+        paced.extend(stores(at, batch * CLUSTER, CLUSTER));
     }
-    paced /= (n / 2 / batch) as f64;
+    let paced = lat(paced);
     // The expansion work itself, without the fault round trip: allocate + map (the
     // vCPU-exit/device path), then the first store to the now file-backed page.
     std::thread::sleep(std::time::Duration::from_millis(50));
@@ -309,12 +347,11 @@ fn expansion(img: &Path, n: u64, opts: MapOptions) -> Expansion {
     let prep = t0.elapsed().as_secs_f64() * 1e6 / 32.0;
     let after = touch(r.host_addr() + direct_base, 32 * CLUSTER, CLUSTER, true);
     // Burst: the other half back to back (the pool cannot keep up).
-    let burst = touch(
+    let burst = lat(stores(
         r.host_addr() + direct_base + 32 * CLUSTER,
         (n / 2 - 32) * CLUSTER,
         CLUSTER,
-        true,
-    );
+    ));
     let vmas = r.vma_count().unwrap();
     let stats = r.stats();
     r.flush().unwrap();
@@ -388,7 +425,7 @@ fn main() {
             libc::MAP_SHARED,
             f.as_raw_fd(),
         );
-        let plain = touch(a, n_exp * CLUSTER, CLUSTER, true);
+        let plain = lat(stores(a, n_exp * CLUSTER, CLUSTER));
         munmap(a, n_exp * CLUSTER);
         let a = mmap(
             n_exp * CLUSTER,
@@ -396,24 +433,22 @@ fn main() {
             libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
             -1,
         );
-        let anon = touch(a, n_exp * CLUSTER, CLUSTER, true);
+        let anon = lat(stores(a, n_exp * CLUSTER, CLUSTER));
         munmap(a, n_exp * CLUSTER);
-        let ratio = |v: f64, peer: f64| format!("{:.1}x", v / peer);
+        let ratio = |v: Lat, peer: Lat| format!("{:.1}x", v.median / peer.median);
         t.row(
-        "expansion: first write to an unallocated 64 KiB cluster, paced (pool ready)",
-        us(e.paced),
+        "expansion: first write to an unallocated 64 KiB cluster, paced (pool ready), mean / median",
+        mm(e.paced),
         &format!(
-            "{} clusters in batches of 32; {} of the fallocated MAP_SHARED file page peer ({}), {} of the anonymous page peer ({}); pre-faulted before the wake (`prefault`) {}; with the staged pool {} ({} moved in); without polling (both ends sleep) {} ({})",
+            "{} clusters in batches of 32; peers: fallocated MAP_SHARED file, first write per 64 KiB {}, anonymous page {} (median ratio {}); pre-faulted before the wake (`prefault`, the previous default) {}; with the staged pool {} ({} moved in); without polling (both ends sleep) {}",
             n_exp / 2,
-            ratio(e.paced, plain),
-            us(plain),
+            mm(plain),
+            mm(anon),
             ratio(e.paced, anon),
-            us(anon),
-            us(pre.paced),
-            us(staged.paced),
+            mm(pre.paced),
+            mm(staged.paced),
             staged.stats.staged_hits,
-            us(old.paced),
-            ratio(old.paced, plain),
+            mm(old.paced),
         ),
     );
         t.row(
@@ -430,18 +465,16 @@ fn main() {
         ),
     );
         t.row(
-        "expansion, burst (back to back)",
-        us(e.burst),
+        "expansion, burst (back to back), mean / median",
+        mm(e.burst),
         &format!(
-            "{} clusters; {} of all {} uffd faults were picked up by the polling service thread; {} of the fallocated MAP_SHARED peer; `prefault` {}; staged pool {}; without polling (both ends sleep) {} ({})",
+            "{} clusters; {} of all {} uffd faults were picked up by the polling service thread; `prefault` {}; staged pool {}; without polling (both ends sleep) {}",
             n_exp / 2 - 32,
             e.stats.spin_hits,
             e.stats.uffd_write_faults,
-            ratio(e.burst, plain),
-            us(pre.burst),
-            us(staged.burst),
-            us(old.burst),
-            ratio(old.burst, plain),
+            mm(pre.burst),
+            mm(staged.burst),
+            mm(old.burst),
         ),
     );
         t.row(
@@ -524,7 +557,7 @@ fn main() {
             fill(&img, cow_len, 0x11).snapshot_create("s").unwrap();
             let r = map_with(&img, opts);
             touch(r.host_addr(), cow_len, PAGE, false); // warm the page cache like the peers
-            let v = touch(r.host_addr(), cow_len, PAGE, true);
+            let v = lat(stores(r.host_addr(), cow_len, PAGE));
             let s = r.stats();
             let t0 = Instant::now();
             r.flush().unwrap();
@@ -553,23 +586,21 @@ fn main() {
             f.as_raw_fd(),
         );
         touch(a, cow_len, PAGE, false);
-        let kcow = touch(a, cow_len, PAGE, true);
+        let kcow = lat(stores(a, cow_len, PAGE));
         munmap(a, cow_len);
         t.row(
-        "4 KiB CoW, host thread (SIGSEGV, served in the handler)",
-        us(cow_segv),
+        "4 KiB CoW, host thread (SIGSEGV, served in the handler), mean / median",
+        mm(cow_segv),
         &format!(
-            "{} units, {} served on the faulting thread; kernel MAP_PRIVATE CoW {}; ratio {:.1}x; handed to the polling service thread and pre-faulted (previous default) {} = {:.1}x ({} of {} picked up while polling); both ends sleeping {} = {:.1}x; flush of all copies {flush_ms:.1} ms",
+            "{} units, {} served on the faulting thread; kernel MAP_PRIVATE CoW {}, median ratio {:.1}x; handed to the polling service thread and pre-faulted (the previous default) {} ({} of {} picked up while polling); both ends sleeping {}; flush of all copies {flush_ms:.1} ms",
             s.cow_units,
             s.segv_in_handler,
-            us(kcow),
-            cow_segv / kcow,
-            us(cow_service),
-            cow_service / kcow,
+            mm(kcow),
+            cow_segv.median / kcow.median,
+            mm(cow_service),
             s_service.spin_hits,
             s_service.segv_faults,
-            us(cow_sleep),
-            cow_sleep / kcow
+            mm(cow_sleep),
         ),
     );
         t.row(
@@ -587,7 +618,7 @@ fn main() {
             &format!(
                 "{n} writes, qemu-io start-up subtracted; the same writes once allocated {}; pmem 4 KiB CoW is {:.0}x faster",
                 us(plain),
-                cow / cow_segv
+                cow / cow_segv.mean
             ),
         );
         } else {
