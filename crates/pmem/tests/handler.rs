@@ -49,9 +49,16 @@ fn copy_ups_are_served_on_the_faulting_thread_with_and_without_an_alternate_stac
     let r = map(&img);
     let addr = r.host_addr();
     // A Rust thread: its handler runs on the alternate signal stack Rust gives every thread.
-    std::thread::spawn(move || write_pages(addr, MIB, 0x22))
-        .join()
-        .unwrap();
+    std::thread::spawn(move || {
+        // SAFETY: querying this thread's alternate stack into a struct we own.
+        let mut ss: libc::stack_t = unsafe { std::mem::zeroed() };
+        // SAFETY: as above (null new stack: query only).
+        assert_eq!(unsafe { libc::sigaltstack(std::ptr::null(), &mut ss) }, 0);
+        assert_eq!(ss.ss_flags & libc::SS_DISABLE, 0, "Rust gives threads one");
+        write_pages(addr, MIB, 0x22)
+    })
+    .join()
+    .unwrap();
     // The same without an alternate stack: the handler runs on the thread's own stack.
     std::thread::spawn(move || {
         let ss = libc::stack_t {
