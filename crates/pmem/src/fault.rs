@@ -176,6 +176,18 @@ impl Inner {
     /// writable from the top file. Idempotent and safe to call from many threads at once:
     /// each cluster is allocated, and each unit copied, exactly once.
     pub fn write_fault(&self, offset: u64) -> Result<WriteFault> {
+        self.serve_write(offset, false)
+    }
+
+    /// [`Inner::write_fault`] for a host thread's SIGSEGV: the faulting page is mapped
+    /// read-only with exactly the data a copy-up must copy (a lower-layer file page, or a
+    /// read-only zero page where the unit reads as zeros), so a 4 KiB copy-up writes it to
+    /// the top file straight from the mapping instead of reading it through the chain first.
+    pub fn write_fault_segv(&self, offset: u64) -> Result<WriteFault> {
+        self.serve_write(offset, true)
+    }
+
+    fn serve_write(&self, offset: u64, from_mapping: bool) -> Result<WriteFault> {
         if offset >= self.size {
             return Err(PmemError::OutOfRegion {
                 addr: self.base + offset,
@@ -200,11 +212,12 @@ impl Inner {
                     self.counters.raced.fetch_add(1, Ordering::Relaxed);
                     return Ok(WriteFault::AlreadyWritable);
                 }
-                self.copy_on_write(&mut state, logical, unit, Some(l.bitmap), copied)?;
+                let top = Some(l.bitmap);
+                self.copy_on_write(&mut state, logical, unit, top, copied, from_mapping)?;
             }
             None => self.expand(logical, offset)?,
             Some(l) if l.kind == EntryKind::Zero => self.expand(logical, offset)?,
-            Some(_) => self.copy_on_write(&mut state, logical, unit, None, copied)?,
+            Some(_) => self.copy_on_write(&mut state, logical, unit, None, copied, from_mapping)?,
         }
         Ok(WriteFault::Served)
     }
@@ -265,6 +278,7 @@ impl Inner {
         unit: u32,
         top_bitmap: Option<[u64; 8]>,
         copied: [u64; 8],
+        from_mapping: bool,
     ) -> Result<()> {
         let valid = |u: u32| top_bitmap.is_some_and(|b| bit(&b, u)) || bit(&copied, u);
         let units: Vec<u32> = if self.units <= self.whole_cluster_units {
@@ -287,15 +301,26 @@ impl Inner {
             }
             let first = units[i] as u64;
             let n = (j - i) as u64;
-            let mut buf = vec![0u8; (n * UNIT_SIZE) as usize];
-            // Read through the chain: the top holds none of these units yet, so this reads
-            // the lower layers (or zeros).
-            self.chain
-                .read()
-                .read(logical * self.cluster + first * UNIT_SIZE, &mut buf)?;
-            mark(Step::Read);
             let file_off = a.file_offset + first * UNIT_SIZE;
-            pwrite_all(self.fds[0], &buf, file_off)?;
+            let here = self.base + logical * self.cluster + first * UNIT_SIZE;
+            if from_mapping && n == 1 && units[i] == unit {
+                mark(Step::Read);
+                // SAFETY: `here` is the faulting page, mapped read-only (see
+                // `write_fault_segv`) and not replaced before the `mmap` below, which this
+                // thread does while holding the fault lock.
+                unsafe {
+                    pwrite_raw(self.fds[0], here as *const u8, UNIT_SIZE as usize, file_off)?
+                };
+            } else {
+                let mut buf = vec![0u8; (n * UNIT_SIZE) as usize];
+                // Read through the chain: the top holds none of these units yet, so this
+                // reads the lower layers (or zeros).
+                self.chain
+                    .read()
+                    .read(logical * self.cluster + first * UNIT_SIZE, &mut buf)?;
+                mark(Step::Read);
+                pwrite_all(self.fds[0], &buf, file_off)?;
+            }
             mark(Step::Written);
             self.map_run(&Run {
                 offset: logical * self.cluster + first * UNIT_SIZE,
@@ -418,14 +443,24 @@ pub(crate) fn subtract_ranges(from: &[(u64, u64)], holes: &[(u64, u64)]) -> Vec<
 }
 
 pub(crate) fn pwrite_all(fd: RawFd, buf: &[u8], offset: u64) -> Result<()> {
+    // SAFETY: `buf` is readable for its length.
+    unsafe { pwrite_raw(fd, buf.as_ptr(), buf.len(), offset) }
+}
+
+/// Writes `len` bytes from `src` at `offset` of `fd`, retrying short writes.
+///
+/// # Safety
+/// `src` must be readable for `len` bytes for the whole call.
+unsafe fn pwrite_raw(fd: RawFd, src: *const u8, len: usize, offset: u64) -> Result<()> {
     let mut done = 0usize;
-    while done < buf.len() {
-        // SAFETY: writing from a live buffer to a descriptor of the open chain.
+    while done < len {
+        // SAFETY: the caller guarantees `src..src+len` is readable; the descriptor belongs
+        // to the open chain.
         let n = unsafe {
             libc::pwrite(
                 fd,
-                buf[done..].as_ptr().cast(),
-                buf.len() - done,
+                src.add(done).cast(),
+                len - done,
                 (offset + done as u64) as libc::off_t,
             )
         };
@@ -433,7 +468,7 @@ pub(crate) fn pwrite_all(fd: RawFd, buf: &[u8], offset: u64) -> Result<()> {
             if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
                 continue;
             }
-            return Err(sys("pwrite of a copied unit", offset, buf.len() as u64));
+            return Err(sys("pwrite of a copied unit", offset, len as u64));
         }
         done += n as usize;
     }

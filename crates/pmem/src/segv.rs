@@ -241,7 +241,7 @@ fn serve_here(s: &Slot, addr: u64, ctx: *mut libc::c_void) -> bool {
         ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             inner
                 .offset_of(addr)
-                .and_then(|o| inner.write_fault(o))
+                .and_then(|o| inner.write_fault_segv(o))
                 .is_ok()
         }))
         .unwrap_or(false);

@@ -94,7 +94,10 @@ fn serve_pending(inner: &Inner, uffd: &Uffd, requests: &OwnedFd) -> Option<u64> 
     while let Some(req) = read_request(requests) {
         mark(Step::PickedUp);
         inner.counters.segv_faults.fetch_add(1, Ordering::Relaxed);
-        let value = match inner.offset_of(req.addr).and_then(|o| inner.write_fault(o)) {
+        let value = match inner
+            .offset_of(req.addr)
+            .and_then(|o| inner.write_fault_segv(o))
+        {
             Ok(_) => DONE_OK,
             Err(e) => {
                 tracing::error!("pmem: write fault at {:#x} not served: {e}", req.addr);

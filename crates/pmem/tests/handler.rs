@@ -1,8 +1,8 @@
 //! Host-thread copy-on-write served inside the SIGSEGV handler, on the faulting thread
 //! (`MapOptions::cow_on_faulting_thread`, the default): from a thread whose handler runs on
 //! Rust's small alternate signal stack (the fault path moves to the thread's own stack),
-//! from a thread without an alternate stack, and with asynchronous signals arriving while
-//! pages are copied up (needs userfaultfd: run as root or with access to /dev/userfaultfd).
+//! from a thread without an alternate stack, with asynchronous signals arriving while
+//! pages are copied up, and whole-cluster copy-ups (needs userfaultfd: run as root or with access to /dev/userfaultfd).
 
 mod common;
 
@@ -11,7 +11,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{assert_clean, create, fill, map, read_chain, tmpdir, MIB, PAGE};
+use common::{assert_clean, create, fill, map, map_with, read_chain, tmpdir, CLUSTER, MIB, PAGE};
+use densevm_pmem::MapOptions;
 
 /// A snapshot holding 0x11 over the first `len` bytes of a 16 MiB image.
 fn image(dir: &Path, len: u64) -> PathBuf {
@@ -134,4 +135,40 @@ fn asynchronous_signals_during_copy_ups_do_not_break_them() {
     r.flush().unwrap();
     drop(r);
     check_pages(&img, len, 0x33);
+}
+
+#[test]
+fn whole_cluster_copy_ups_from_the_handler_keep_every_unit() {
+    let dir = tmpdir("handler-whole");
+    let img = image(&dir, MIB);
+    let r = map_with(
+        &img,
+        MapOptions {
+            whole_cluster_units: 16,
+            ..MapOptions::default()
+        },
+    );
+    // One store into the sixth page of each cluster copies the whole cluster up.
+    let clusters = MIB / CLUSTER;
+    for c in 0..clusters {
+        let at = r.host_addr() + c * CLUSTER + 5 * PAGE + 7;
+        // SAFETY: inside the mapped region.
+        unsafe { std::ptr::write_volatile(at as *mut u8, 0x44) };
+    }
+    let s = r.stats();
+    assert_eq!(s.cow_faults, clusters, "{s:?}");
+    assert_eq!(s.cow_units, clusters * 16, "{s:?}");
+    assert_eq!(s.segv_in_handler, clusters, "{s:?}");
+    r.flush().unwrap();
+    drop(r);
+    let data = read_chain(&img, 0, MIB as usize);
+    for (i, page) in data.chunks(PAGE as usize).enumerate() {
+        let want7 = if i % 16 == 5 { 0x44 } else { 0x11 };
+        assert_eq!(page[7], want7, "page {i} byte 7");
+        assert!(
+            page[..7].iter().chain(&page[8..]).all(|&b| b == 0x11),
+            "page {i} rest"
+        );
+    }
+    assert_clean(&img);
 }
