@@ -114,12 +114,12 @@ pub fn cow(d: &Path, name: &str, opts: MapOptions) {
                 Mark(Step::Allocated),
             ),
             (
-                "read the lower-layer 4 KiB",
+                "read the lower-layer 4 KiB (none: copied from the faulting page)",
                 Mark(Step::Allocated),
                 Mark(Step::Read),
             ),
             (
-                "pwrite the copy to the top file",
+                "pwrite the 4 KiB to the top file",
                 Mark(Step::Read),
                 Mark(Step::Written),
             ),
