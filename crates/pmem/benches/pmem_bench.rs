@@ -13,6 +13,8 @@ use std::time::Instant;
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+#[path = "support/profile.rs"]
+mod profile;
 
 use common::{create, fill, map, map_with, open, tmpdir, CLUSTER, MIB, PAGE};
 use densevm_pmem::{MapOptions, PmemRegion};
@@ -37,6 +39,44 @@ fn touch(addr: u64, len: u64, stride: u64, write: bool) -> f64 {
     }
     std::hint::black_box(sum);
     t.elapsed().as_secs_f64() * 1e6 / (len / stride) as f64
+}
+
+/// Writes one byte every `stride` bytes of `[addr, addr+len)`, timing each store; returns
+/// the µs of each.
+fn stores(addr: u64, len: u64, stride: u64) -> Vec<f64> {
+    let mut out = Vec::with_capacity((len / stride) as usize);
+    let mut off = 0;
+    while off < len {
+        let t = Instant::now();
+        // SAFETY: callers pass ranges of live mappings.
+        unsafe { std::ptr::write_volatile((addr + off) as *mut u8, 1) };
+        out.push(t.elapsed().as_secs_f64() * 1e6);
+        off += stride;
+    }
+    out
+}
+
+/// Mean and median of per-store µs.
+#[derive(Clone, Copy, Default)]
+struct Lat {
+    mean: f64,
+    median: f64,
+}
+
+fn lat(mut v: Vec<f64>) -> Lat {
+    if v.is_empty() {
+        return Lat::default();
+    }
+    v.sort_by(f64::total_cmp);
+    Lat {
+        mean: v.iter().sum::<f64>() / v.len() as f64,
+        median: v[v.len() / 2],
+    }
+}
+
+/// "mean X µs / median Y µs".
+fn mm(l: Lat) -> String {
+    format!("{:.2} / {:.2} µs", l.mean, l.median)
 }
 
 fn mmap(len: u64, prot: i32, flags: i32, fd: i32) -> u64 {
@@ -260,10 +300,10 @@ fn probe_rows(t: &mut Table, bin: &Path, d: &Path) {
 
 /// Expansion latencies of one mapping configuration.
 struct Expansion {
-    paced: f64,
+    paced: Lat,
     prep: f64,
     after: f64,
-    burst: f64,
+    burst: Lat,
     vmas: usize,
     stats: densevm_pmem::PmemStats,
     /// Process CPU time (user + system, all threads) per expansion over the whole run.
@@ -288,14 +328,14 @@ fn expansion(img: &Path, n: u64, opts: MapOptions) -> Expansion {
     // Paced: batches of 32 first writes with a pause, so the pool thread keeps zero-filled
     // (and staged) clusters ready (the latency a guest sees when it is not expanding at full
     // speed).
-    let mut paced = 0.0;
+    let mut paced = Vec::new();
     let batch = 32;
     for b in 0..n / 2 / batch {
         std::thread::sleep(std::time::Duration::from_millis(20));
         let at = r.host_addr() + b * batch * CLUSTER;
-        paced += touch(at, batch * CLUSTER, CLUSTER, true);
+        paced.extend(stores(at, batch * CLUSTER, CLUSTER));
     }
-    paced /= (n / 2 / batch) as f64;
+    let paced = lat(paced);
     // The expansion work itself, without the fault round trip: allocate + map (the
     // vCPU-exit/device path), then the first store to the now file-backed page.
     std::thread::sleep(std::time::Duration::from_millis(50));
@@ -307,12 +347,11 @@ fn expansion(img: &Path, n: u64, opts: MapOptions) -> Expansion {
     let prep = t0.elapsed().as_secs_f64() * 1e6 / 32.0;
     let after = touch(r.host_addr() + direct_base, 32 * CLUSTER, CLUSTER, true);
     // Burst: the other half back to back (the pool cannot keep up).
-    let burst = touch(
+    let burst = lat(stores(
         r.host_addr() + direct_base + 32 * CLUSTER,
         (n / 2 - 32) * CLUSTER,
         CLUSTER,
-        true,
-    );
+    ));
     let vmas = r.vma_count().unwrap();
     let stats = r.stats();
     r.flush().unwrap();
@@ -341,10 +380,18 @@ fn main() {
 
     if want("expansion") {
         // --- Thin expansion: first write to each of N clusters, with the default options
-        // (polling fault round trip), with the staged pool, and without polling (the
-        // previous design).
+        // (polling fault round trip), with the written page pre-faulted before the wake (the
+        // previous default), with the staged pool, and without polling (the design before).
         let n_exp = 2048u64;
         let e = expansion(&d.join("thin.pcow"), n_exp, MapOptions::default());
+        let pre = expansion(
+            &d.join("thin-prefault.pcow"),
+            n_exp,
+            MapOptions {
+                prefault: true,
+                ..MapOptions::default()
+            },
+        );
         let staged = expansion(
             &d.join("thin-staged.pcow"),
             n_exp,
@@ -378,7 +425,7 @@ fn main() {
             libc::MAP_SHARED,
             f.as_raw_fd(),
         );
-        let plain = touch(a, n_exp * CLUSTER, CLUSTER, true);
+        let plain = lat(stores(a, n_exp * CLUSTER, CLUSTER));
         munmap(a, n_exp * CLUSTER);
         let a = mmap(
             n_exp * CLUSTER,
@@ -386,57 +433,58 @@ fn main() {
             libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
             -1,
         );
-        let anon = touch(a, n_exp * CLUSTER, CLUSTER, true);
+        let anon = lat(stores(a, n_exp * CLUSTER, CLUSTER));
         munmap(a, n_exp * CLUSTER);
-        let ratio = |v: f64, peer: f64| format!("{:.1}x", v / peer);
+        let ratio = |v: Lat, peer: Lat| format!("{:.1}x", v.median / peer.median);
         t.row(
-        "expansion: first write to an unallocated 64 KiB cluster, paced (pool ready)",
-        us(e.paced),
+        "expansion: first write to an unallocated 64 KiB cluster, paced (pool ready), mean / median",
+        mm(e.paced),
         &format!(
-            "{} clusters in batches of 32; {} of the fallocated MAP_SHARED file page peer ({}), {} of the anonymous page peer ({}); with the staged pool {} ({} moved in); without polling (both ends sleep) {} ({})",
+            "{} clusters in batches of 32; peers: fallocated MAP_SHARED file, first write per 64 KiB {}, anonymous page {} (median ratio {}); pre-faulted before the wake (`prefault`, the previous default) {}; with the staged pool {} ({} moved in); without polling (both ends sleep) {}",
             n_exp / 2,
-            ratio(e.paced, plain),
-            us(plain),
+            mm(plain),
+            mm(anon),
             ratio(e.paced, anon),
-            us(anon),
-            us(staged.paced),
+            mm(pre.paced),
+            mm(staged.paced),
             staged.stats.staged_hits,
-            us(old.paced),
-            ratio(old.paced, plain),
+            mm(old.paced),
         ),
     );
         t.row(
         "expansion work without the uffd round trip",
         us(e.prep + e.after),
         &format!(
-            "allocate + mmap + pre-fault {} (`prepare_write`), then first store {}; with the staged pool (allocate + mremap) {} + {}",
+            "allocate + mmap {} (`prepare_write`), then first store {}; with `prefault` {} + {}; with the staged pool (allocate + mremap) {} + {}",
             us(e.prep),
             us(e.after),
+            us(pre.prep),
+            us(pre.after),
             us(staged.prep),
             us(staged.after)
         ),
     );
         t.row(
-        "expansion, burst (back to back)",
-        us(e.burst),
+        "expansion, burst (back to back), mean / median",
+        mm(e.burst),
         &format!(
-            "{} clusters; {} of all {} uffd faults were picked up by the polling service thread; {} of the fallocated MAP_SHARED peer; staged pool {}; without polling (both ends sleep) {} ({})",
+            "{} clusters; {} of all {} uffd faults were picked up by the polling service thread; `prefault` {}; staged pool {}; without polling (both ends sleep) {}",
             n_exp / 2 - 32,
             e.stats.spin_hits,
             e.stats.uffd_write_faults,
-            ratio(e.burst, plain),
-            us(staged.burst),
-            us(old.burst),
-            ratio(old.burst, plain),
+            mm(pre.burst),
+            mm(staged.burst),
+            mm(old.burst),
         ),
     );
         t.row(
             "expansion: process CPU time per expansion (all threads, whole run)",
             us(e.cpu),
             &format!(
-                "polling costs {} per expansion: without polling {}; staged pool {}",
+                "polling costs {} per expansion: without polling {}; `prefault` {}; staged pool {}",
                 us(e.cpu - old.cpu),
                 us(old.cpu),
+                us(pre.cpu),
                 us(staged.cpu)
             ),
         );
@@ -482,25 +530,45 @@ fn main() {
     );
     }
     if want("cow") {
-        // --- 4 KiB copy-on-write over a snapshot.
+        // --- 4 KiB copy-on-write over a snapshot: served in the SIGSEGV handler (default),
+        // handed to the polling service thread with the page pre-faulted (the previous
+        // default), and with both ends of that round trip sleeping (the design before).
         let cow_len = 16 * MIB;
-        let img = d.join("cow.pcow");
-        create(&img, 64 * MIB, None);
-        let img2 = d.join("cow2.pcow");
-        create(&img2, 64 * MIB, None);
-        let img3 = d.join("cow3.pcow");
-        create(&img3, 64 * MIB, None);
-        for p in [&img, &img2, &img3] {
-            fill(p, cow_len, 0x11).snapshot_create("s").unwrap();
+        let service = MapOptions {
+            cow_on_faulting_thread: false,
+            prefault: true,
+            ..MapOptions::default()
+        };
+        let variants = [
+            ("cow", MapOptions::default()),
+            ("cow-service", service.clone()),
+            (
+                "cow-sleep",
+                MapOptions {
+                    spin: std::time::Duration::ZERO,
+                    ..service
+                },
+            ),
+        ];
+        let mut host = Vec::new();
+        for (name, opts) in variants {
+            let img = d.join(format!("{name}.pcow"));
+            create(&img, 64 * MIB, None);
+            fill(&img, cow_len, 0x11).snapshot_create("s").unwrap();
+            let r = map_with(&img, opts);
+            touch(r.host_addr(), cow_len, PAGE, false); // warm the page cache like the peers
+            let v = lat(stores(r.host_addr(), cow_len, PAGE));
+            let s = r.stats();
+            let t0 = Instant::now();
+            r.flush().unwrap();
+            host.push((v, s, t0.elapsed().as_secs_f64() * 1e3));
         }
-        let r = map(&img);
-        touch(r.host_addr(), cow_len, PAGE, false); // warm the page cache like the peers
-        let cow_segv = touch(r.host_addr(), cow_len, PAGE, true);
-        let s = r.stats();
-        let t0 = Instant::now();
-        r.flush().unwrap();
-        let flush_ms = t0.elapsed().as_secs_f64() * 1e3;
-        drop(r);
+        let (cow_segv, s, flush_ms) = host[0];
+        let (cow_service, s_service, _) = host[1];
+        let cow_sleep = host[2].0;
+        let img2 = d.join("cow-hook.pcow");
+        create(&img2, 64 * MIB, None);
+        fill(&img2, cow_len, 0x11).snapshot_create("s").unwrap();
         let r = map(&img2);
         touch(r.host_addr(), cow_len, PAGE, false);
         let h = r.write_fault_handle();
@@ -510,17 +578,6 @@ fn main() {
         }
         let cow_hook = t0.elapsed().as_secs_f64() * 1e6 / (cow_len / PAGE) as f64;
         drop(r);
-        // The previous design: both ends of the round trip sleep (no polling).
-        let r = map_with(
-            &img3,
-            MapOptions {
-                spin: std::time::Duration::ZERO,
-                ..MapOptions::default()
-            },
-        );
-        touch(r.host_addr(), cow_len, PAGE, false);
-        let cow_sleep = touch(r.host_addr(), cow_len, PAGE, true);
-        drop(r);
         let f = data_file(&d.join("private"), cow_len, 0x11);
         let a = mmap(
             cow_len,
@@ -529,19 +586,21 @@ fn main() {
             f.as_raw_fd(),
         );
         touch(a, cow_len, PAGE, false);
-        let kcow = touch(a, cow_len, PAGE, true);
+        let kcow = lat(stores(a, cow_len, PAGE));
         munmap(a, cow_len);
         t.row(
-        "4 KiB CoW, host thread (SIGSEGV → fault thread)",
-        us(cow_segv),
+        "4 KiB CoW, host thread (SIGSEGV, served in the handler), mean / median",
+        mm(cow_segv),
         &format!(
-            "{} units, {} picked up by the polling service thread; kernel MAP_PRIVATE CoW {}; ratio {:.1}x; without polling (both ends sleep) {} = {:.1}x; flush of all copies {flush_ms:.1} ms",
+            "{} units, {} served on the faulting thread; kernel MAP_PRIVATE CoW {}, median ratio {:.1}x; handed to the polling service thread and pre-faulted (the previous default) {} ({} of {} picked up while polling); both ends sleeping {}; flush of all copies {flush_ms:.1} ms",
             s.cow_units,
-            s.spin_hits,
-            us(kcow),
-            cow_segv / kcow,
-            us(cow_sleep),
-            cow_sleep / kcow
+            s.segv_in_handler,
+            mm(kcow),
+            cow_segv.median / kcow.median,
+            mm(cow_service),
+            s_service.spin_hits,
+            s_service.segv_faults,
+            mm(cow_sleep),
         ),
     );
         t.row(
@@ -559,7 +618,7 @@ fn main() {
             &format!(
                 "{n} writes, qemu-io start-up subtracted; the same writes once allocated {}; pmem 4 KiB CoW is {:.0}x faster",
                 us(plain),
-                cow / cow_segv
+                cow / cow_segv.mean
             ),
         );
         } else {
@@ -590,6 +649,10 @@ fn main() {
         ),
     );
         drop(r);
+    }
+    // Only on request: it needs the `fault-trace` feature and prints its own tables.
+    if only.as_deref() == Some("profile") {
+        profile::run(&d);
     }
     if let Some(bin) = std::env::var_os("DENSEVM_BIN").filter(|_| want("probe")) {
         probe_rows(&mut t, Path::new(&bin), &d);

@@ -10,6 +10,7 @@ use pcow::{AllocInit, EntryKind, SharedChain, UNIT_SIZE};
 
 use crate::error::{sys, PmemError, Result};
 use crate::staging::{populate_write, Staging};
+use crate::trace::{mark, Step};
 
 /// Host page size assumed by the mapping (x86-64).
 pub const PAGE: u64 = 4096;
@@ -23,6 +24,7 @@ pub(crate) struct Counters {
     pub read_faults: AtomicU64,
     pub uffd_write_faults: AtomicU64,
     pub segv_faults: AtomicU64,
+    pub segv_in_handler: AtomicU64,
     pub guest_hook_faults: AtomicU64,
     pub guest_writes_already_writable: AtomicU64,
     pub raced: AtomicU64,
@@ -75,6 +77,9 @@ pub(crate) struct Inner {
     pub next_tail: AtomicU64,
     /// Tail clusters mapped and pre-faulted ahead of their allocation.
     pub staging: Staging,
+    /// Pre-fault the written page writable before the fault returns ([`crate::MapOptions`]
+    /// `prefault`), so the retried store does not fault again.
+    pub prefault: bool,
 }
 
 /// A run of contiguous host pages mapped from one file.
@@ -171,6 +176,18 @@ impl Inner {
     /// writable from the top file. Idempotent and safe to call from many threads at once:
     /// each cluster is allocated, and each unit copied, exactly once.
     pub fn write_fault(&self, offset: u64) -> Result<WriteFault> {
+        self.serve_write(offset, false)
+    }
+
+    /// [`Inner::write_fault`] for a host thread's SIGSEGV: the faulting page is mapped
+    /// read-only with exactly the data a copy-up must copy (a lower-layer file page, or a
+    /// read-only zero page where the unit reads as zeros), so a 4 KiB copy-up writes it to
+    /// the top file straight from the mapping instead of reading it through the chain first.
+    pub fn write_fault_segv(&self, offset: u64) -> Result<WriteFault> {
+        self.serve_write(offset, true)
+    }
+
+    fn serve_write(&self, offset: u64, from_mapping: bool) -> Result<WriteFault> {
         if offset >= self.size {
             return Err(PmemError::OutOfRegion {
                 addr: self.base + offset,
@@ -195,11 +212,12 @@ impl Inner {
                     self.counters.raced.fetch_add(1, Ordering::Relaxed);
                     return Ok(WriteFault::AlreadyWritable);
                 }
-                self.copy_on_write(&mut state, logical, unit, Some(l.bitmap), copied)?;
+                let top = Some(l.bitmap);
+                self.copy_on_write(&mut state, logical, unit, top, copied, from_mapping)?;
             }
             None => self.expand(logical, offset)?,
             Some(l) if l.kind == EntryKind::Zero => self.expand(logical, offset)?,
-            Some(_) => self.copy_on_write(&mut state, logical, unit, None, copied)?,
+            Some(_) => self.copy_on_write(&mut state, logical, unit, None, copied, from_mapping)?,
         }
         Ok(WriteFault::Served)
     }
@@ -216,10 +234,11 @@ impl Inner {
 
     /// Thin expansion of `logical` for a write at region offset `offset`: allocate a zeroed
     /// cluster (entry written), then map it writable: the staged, pre-faulted cluster of that
-    /// slot moved into place if there is one, else a fresh mapping whose faulting page is
-    /// pre-faulted here, so the woken thread's retry does not fault again.
+    /// slot moved into place if there is one, else a fresh mapping (whose faulting page is
+    /// pre-faulted here with [`Inner::prefault`]; by default the retried store faults it in).
     fn expand(&self, logical: u64, offset: u64) -> Result<()> {
         let a = self.chain.allocate(logical, AllocInit::Zeroed)?;
+        mark(Step::Allocated);
         self.next_tail.fetch_max(a.slot + 1, Ordering::Relaxed);
         let target = self.base + logical * self.cluster;
         let staged = self.staging.take(a.slot, a.file_offset);
@@ -240,9 +259,13 @@ impl Inner {
                 file_offset: a.file_offset,
                 writable: true,
             })?;
-            // Best effort: without it the retry faults the page in itself.
-            let _ = populate_write(self.base + (offset & !(PAGE - 1)), PAGE);
+            mark(Step::Mapped);
+            if self.prefault {
+                // Best effort: without it the retry faults the page in itself.
+                let _ = populate_write(self.base + (offset & !(PAGE - 1)), PAGE);
+            }
         }
+        mark(Step::WorkDone);
         self.counters.expansions.fetch_add(1, Ordering::Relaxed);
         self.note_allocation();
         Ok(())
@@ -255,6 +278,7 @@ impl Inner {
         unit: u32,
         top_bitmap: Option<[u64; 8]>,
         copied: [u64; 8],
+        from_mapping: bool,
     ) -> Result<()> {
         let valid = |u: u32| top_bitmap.is_some_and(|b| bit(&b, u)) || bit(&copied, u);
         let units: Vec<u32> = if self.units <= self.whole_cluster_units {
@@ -263,6 +287,7 @@ impl Inner {
             vec![unit]
         };
         let a = self.chain.allocate(logical, AllocInit::Empty)?;
+        mark(Step::Allocated);
         self.next_tail.fetch_max(a.slot + 1, Ordering::Relaxed);
         if a.newly_allocated {
             self.note_allocation();
@@ -276,14 +301,27 @@ impl Inner {
             }
             let first = units[i] as u64;
             let n = (j - i) as u64;
-            let mut buf = vec![0u8; (n * UNIT_SIZE) as usize];
-            // Read through the chain: the top holds none of these units yet, so this reads
-            // the lower layers (or zeros).
-            self.chain
-                .read()
-                .read(logical * self.cluster + first * UNIT_SIZE, &mut buf)?;
             let file_off = a.file_offset + first * UNIT_SIZE;
-            pwrite_all(self.fds[0], &buf, file_off)?;
+            let here = self.base + logical * self.cluster + first * UNIT_SIZE;
+            if from_mapping && n == 1 && units[i] == unit {
+                mark(Step::Read);
+                // SAFETY: `here` is the faulting page, mapped read-only (see
+                // `write_fault_segv`) and not replaced before the `mmap` below, which this
+                // thread does while holding the fault lock.
+                unsafe {
+                    pwrite_raw(self.fds[0], here as *const u8, UNIT_SIZE as usize, file_off)?
+                };
+            } else {
+                let mut buf = vec![0u8; (n * UNIT_SIZE) as usize];
+                // Read through the chain: the top holds none of these units yet, so this
+                // reads the lower layers (or zeros).
+                self.chain
+                    .read()
+                    .read(logical * self.cluster + first * UNIT_SIZE, &mut buf)?;
+                mark(Step::Read);
+                pwrite_all(self.fds[0], &buf, file_off)?;
+            }
+            mark(Step::Written);
             self.map_run(&Run {
                 offset: logical * self.cluster + first * UNIT_SIZE,
                 len: n * UNIT_SIZE,
@@ -291,6 +329,7 @@ impl Inner {
                 file_offset: file_off,
                 writable: true,
             })?;
+            mark(Step::Mapped);
             state
                 .copied_up
                 .push((logical * self.cluster + first * UNIT_SIZE, n * UNIT_SIZE));
@@ -299,10 +338,12 @@ impl Inner {
             }
             i = j;
         }
-        // Pre-fault the written page writable, so the retried store does not fault again
-        // (best effort: without it the retry faults the page in itself).
-        let page = self.base + logical * self.cluster + unit as u64 * UNIT_SIZE;
-        let _ = populate_write(page, PAGE);
+        if self.prefault {
+            // Best effort: without it the retry faults the page in itself.
+            let page = self.base + logical * self.cluster + unit as u64 * UNIT_SIZE;
+            let _ = populate_write(page, PAGE);
+        }
+        mark(Step::WorkDone);
         state.copied.insert(logical, bits);
         self.counters.cow_faults.fetch_add(1, Ordering::Relaxed);
         self.counters
@@ -402,14 +443,24 @@ pub(crate) fn subtract_ranges(from: &[(u64, u64)], holes: &[(u64, u64)]) -> Vec<
 }
 
 pub(crate) fn pwrite_all(fd: RawFd, buf: &[u8], offset: u64) -> Result<()> {
+    // SAFETY: `buf` is readable for its length.
+    unsafe { pwrite_raw(fd, buf.as_ptr(), buf.len(), offset) }
+}
+
+/// Writes `len` bytes from `src` at `offset` of `fd`, retrying short writes.
+///
+/// # Safety
+/// `src` must be readable for `len` bytes for the whole call.
+unsafe fn pwrite_raw(fd: RawFd, src: *const u8, len: usize, offset: u64) -> Result<()> {
     let mut done = 0usize;
-    while done < buf.len() {
-        // SAFETY: writing from a live buffer to a descriptor of the open chain.
+    while done < len {
+        // SAFETY: the caller guarantees `src..src+len` is readable; the descriptor belongs
+        // to the open chain.
         let n = unsafe {
             libc::pwrite(
                 fd,
-                buf[done..].as_ptr().cast(),
-                buf.len() - done,
+                src.add(done).cast(),
+                len - done,
                 (offset + done as u64) as libc::off_t,
             )
         };
@@ -417,7 +468,7 @@ pub(crate) fn pwrite_all(fd: RawFd, buf: &[u8], offset: u64) -> Result<()> {
             if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
                 continue;
             }
-            return Err(sys("pwrite of a copied unit", offset, buf.len() as u64));
+            return Err(sys("pwrite of a copied unit", offset, len as u64));
         }
         done += n as usize;
     }

@@ -9,11 +9,15 @@
 //!   allocated in the image); a write allocates a cluster (thin expansion) and maps it.
 //! * A write to a read-only lower-layer page is copied up (4 KiB, or the whole cluster when
 //!   it is that small) into the top file and remapped writable. Host threads reach this
-//!   through SIGSEGV; vCPUs through the VMM's exit path ([`WriteFaultHandle`]) because KVM
-//!   reports such writes as an MMIO exit (PVM) or EFAULT (hardware KVM), not as a signal.
-//! * The service thread pre-faults the written page before waking the faulting thread, and
-//!   both ends of the round trip poll briefly before sleeping ([`MapOptions::spin`]); an
-//!   opt-in staged pool moves pre-mapped clusters into place ([`MapOptions::staging`]).
+//!   through SIGSEGV, served inside the handler on the faulting thread
+//!   ([`MapOptions::cow_on_faulting_thread`]); vCPUs through the VMM's exit path
+//!   ([`WriteFaultHandle`]) because KVM reports such writes as an MMIO exit (PVM) or EFAULT
+//!   (hardware KVM), not as a signal.
+//! * Userfaultfd faults (and SIGSEGV faults the handler cannot serve) go to the service
+//!   thread; both ends of that round trip poll briefly before sleeping
+//!   ([`MapOptions::spin`]); opt-in: pre-faulting the written page before the wake
+//!   ([`MapOptions::prefault`]) and a staged pool of pre-mapped clusters
+//!   ([`MapOptions::staging`]). `fault-trace` builds record each step's time ([`trace`]).
 //! * [`PmemRegion::flush`] is the sync point that acknowledges writes (docs/pcow.md §6).
 //!
 //! The design and its measurements are in docs/architecture.md (`## pmem`).
@@ -24,6 +28,7 @@ mod region;
 mod segv;
 mod service;
 mod staging;
+pub mod trace;
 pub mod uffd;
 
 pub use error::{PmemError, Result};

@@ -36,6 +36,17 @@ pub struct MapOptions {
     /// sleeping on a futex. Both yield the CPU between polls (a woken faulting thread usually
     /// runs on the same CPU). Costs at most this much CPU time per burst; zero disables it.
     pub spin: Duration,
+    /// Serve a host thread's write fault on a read-only lower-layer page (SIGSEGV) on the
+    /// faulting thread, inside the signal handler, instead of handing it to the service
+    /// thread: no hand-over, and no TLB shoot-down IPI for the `mmap` over the read-only
+    /// page while the faulting thread polls on another CPU (docs/benchmarks.md `## pmem`).
+    /// Falls back to the service thread where it cannot (see the `segv` module).
+    pub cow_on_faulting_thread: bool,
+    /// Pre-fault the written page writable (`MADV_POPULATE_WRITE`) after an expansion or a
+    /// copy-up, before the faulting thread resumes, so its retried store does not fault
+    /// again. Off by default: measured here the madvise costs 0.5–1.4 µs more than the
+    /// fault it saves, and it sits on the faulting thread's path either way.
+    pub prefault: bool,
     /// Map at this host address (aligned to the cluster size and 2 MiB, the range free)
     /// instead of a new one: a VM's region moved onto another chain keeps the address its
     /// memory slots and devices know (a clone template's parent going on in an overlay).
@@ -50,6 +61,8 @@ impl Default for MapOptions {
             pool_clusters: 256,
             staging: false,
             spin: Duration::from_micros(50),
+            cow_on_faulting_thread: true,
+            prefault: false,
             at: None,
         }
     }
@@ -70,6 +83,9 @@ pub struct PmemStats {
     pub uffd_write_faults: u64,
     /// Write faults of host threads on read-only pages (SIGSEGV path).
     pub segv_faults: u64,
+    /// Of those, the faults served inside the signal handler on the faulting thread
+    /// ([`MapOptions::cow_on_faulting_thread`]); the rest went to the service thread.
+    pub segv_in_handler: u64,
     /// Write faults reported by the VMM for vCPUs ([`WriteFaultHandle`]).
     pub guest_hook_faults: u64,
     /// Of those, the writes whose pages were all writable already (the VMM's read-only
@@ -367,6 +383,7 @@ impl PmemRegion {
             refill_cv: Condvar::new(),
             next_tail: std::sync::atomic::AtomicU64::new(0),
             staging: Staging::new(cs, fds0, opts.staging && writable),
+            prefault: opts.prefault,
         });
         inner
             .next_tail
@@ -403,8 +420,15 @@ impl PmemRegion {
         }
         // SAFETY: fresh descriptor.
         let stop = Arc::new(unsafe { OwnedFd::from_raw_fd(efd) });
-        let segv_slot =
-            segv::register(base, size, pipe_write.as_raw_fd(), opts.spin).map_err(unmap)?;
+        // `inner` outlives the slot: `Drop` unregisters it first, while holding `inner`.
+        let segv_slot = segv::register(
+            base,
+            size,
+            pipe_write.as_raw_fd(),
+            opts.spin,
+            opts.cow_on_faulting_thread.then_some(&*inner),
+        )
+        .map_err(unmap)?;
         let uffd = Arc::new(uffd);
         let mut threads = Vec::new();
         let spin = opts.spin;
@@ -506,6 +530,7 @@ impl PmemRegion {
             read_faults: g(&c.read_faults),
             uffd_write_faults: g(&c.uffd_write_faults),
             segv_faults: g(&c.segv_faults),
+            segv_in_handler: g(&c.segv_in_handler),
             guest_hook_faults: g(&c.guest_hook_faults),
             guest_writes_already_writable: g(&c.guest_writes_already_writable),
             raced: g(&c.raced),

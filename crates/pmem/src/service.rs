@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::fault::{Inner, PAGE};
 use crate::segv::{self, Request, DONE_FAILED, DONE_OK};
+use crate::trace::{mark, Step};
 use crate::uffd::{Uffd, EVENT_PAGEFAULT, FLAG_WP, FLAG_WRITE};
 
 /// A page of zeros, the source for read faults on placeholders.
@@ -77,7 +78,10 @@ fn serve_pending(inner: &Inner, uffd: &Uffd, requests: &OwnedFd) -> Option<u64> 
     let mut served = 0;
     loop {
         match uffd.read_msg() {
-            Ok(Some(msg)) if msg.event == EVENT_PAGEFAULT => on_uffd_fault(inner, uffd, msg),
+            Ok(Some(msg)) if msg.event == EVENT_PAGEFAULT => {
+                mark(Step::PickedUp);
+                on_uffd_fault(inner, uffd, msg)
+            }
             Ok(Some(_)) => {}
             Ok(None) => break,
             Err(e) => {
@@ -88,14 +92,19 @@ fn serve_pending(inner: &Inner, uffd: &Uffd, requests: &OwnedFd) -> Option<u64> 
         served += 1;
     }
     while let Some(req) = read_request(requests) {
+        mark(Step::PickedUp);
         inner.counters.segv_faults.fetch_add(1, Ordering::Relaxed);
-        let value = match inner.offset_of(req.addr).and_then(|o| inner.write_fault(o)) {
+        let value = match inner
+            .offset_of(req.addr)
+            .and_then(|o| inner.write_fault_segv(o))
+        {
             Ok(_) => DONE_OK,
             Err(e) => {
                 tracing::error!("pmem: write fault at {:#x} not served: {e}", req.addr);
                 DONE_FAILED
             }
         };
+        mark(Step::WakeSent);
         // SAFETY: `done` was sent by a handler that waits for exactly this completion.
         unsafe { segv::complete(req.done, value) };
         served += 1;
@@ -132,6 +141,7 @@ fn on_uffd_fault(inner: &Inner, uffd: &Uffd, msg: crate::uffd::Msg) {
             inner.poison(page);
         }
         let cluster_start = inner.base + offset / inner.cluster * inner.cluster;
+        mark(Step::WakeSent);
         let _ = uffd.wake(cluster_start, inner.cluster.min(inner.reserved));
         return;
     }

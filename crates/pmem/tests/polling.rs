@@ -1,6 +1,7 @@
 //! The fault round trip with both waiting modes (`MapOptions::spin`): polling (the default)
 //! and sleeping at once (`spin = 0`, the SIGSEGV handler sleeps on its futex and must be
-//! woken by the service thread). Host threads copy up pages of a snapshot and expand fresh
+//! woken by the service thread), with copy-ups handed to the service thread
+//! (`cow_on_faulting_thread: false`) and served in the handler (the default). Host threads copy up pages of a snapshot and expand fresh
 //! clusters concurrently; a lost wake-up fails the test after a deadline instead of hanging
 //! (needs userfaultfd: run as root or with access to /dev/userfaultfd).
 
@@ -23,13 +24,14 @@ fn image(dir: &Path) -> PathBuf {
 
 /// Two threads: one writes one byte into every page of the snapshot's 2 MiB (4 KiB CoW via
 /// SIGSEGV), one into every cluster of the next 2 MiB (expansion via userfaultfd).
-fn fault_from_threads(spin: Duration) {
-    let dir = tmpdir(&format!("spin{}", spin.as_micros()));
+fn fault_from_threads(spin: Duration, in_handler: bool) {
+    let dir = tmpdir(&format!("spin{}-{in_handler}", spin.as_micros()));
     let img = image(&dir);
     let r = map_with(
         &img,
         MapOptions {
             spin,
+            cow_on_faulting_thread: in_handler,
             ..MapOptions::default()
         },
     );
@@ -61,6 +63,8 @@ fn fault_from_threads(spin: Duration) {
     if spin.is_zero() {
         assert_eq!(s.spin_hits, 0, "spin 0 must not poll: {s:?}");
     }
+    let in_handler_want = if in_handler { s.segv_faults } else { 0 };
+    assert_eq!(s.segv_in_handler, in_handler_want, "{s:?}");
     r.flush().unwrap();
     drop(r);
     let buf = read_chain(&img, 0, 4 * MIB as usize);
@@ -83,10 +87,12 @@ fn fault_from_threads(spin: Duration) {
 
 #[test]
 fn faults_are_served_when_both_ends_sleep() {
-    fault_from_threads(Duration::ZERO);
+    fault_from_threads(Duration::ZERO, false);
+    fault_from_threads(Duration::ZERO, true);
 }
 
 #[test]
 fn faults_are_served_when_both_ends_poll() {
-    fault_from_threads(Duration::from_micros(50));
+    fault_from_threads(Duration::from_micros(50), false);
+    fault_from_threads(Duration::from_micros(50), true);
 }
