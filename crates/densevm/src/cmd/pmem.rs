@@ -173,6 +173,7 @@ impl PmemRegions {
                     "guest_writes_already_writable": s.guest_writes_already_writable,
                     "uffd_write_faults": s.uffd_write_faults,
                     "segv_write_faults": s.segv_faults,
+                    "segv_served_in_handler": s.segv_in_handler,
                 }))
             })
             .collect()
