@@ -29,7 +29,8 @@ mod segv;
 mod service;
 mod staging;
 pub mod trace;
-pub mod uffd;
+/// The userfaultfd binding (shared with the memory tier).
+pub use densevm_uffd as uffd;
 
 pub use error::{PmemError, Result};
 pub use region::{GuestWrite, MapOptions, PmemRegion, PmemStats, WriteFaultHandle};

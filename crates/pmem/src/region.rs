@@ -359,7 +359,9 @@ impl PmemRegion {
         let fds0 = fds[0];
         let reserved = size.next_multiple_of(cs);
         let base = reserve(reserved, cs.max(2 << 20), opts.at)?;
-        let uffd = Uffd::new().map_err(PmemError::Userfaultfd)?;
+        let uffd =
+            Uffd::new(crate::uffd::FEATURE_PAGEFAULT_FLAG_WP | crate::uffd::FEATURE_THREAD_ID)
+                .map_err(PmemError::Userfaultfd)?;
         let runs = initial_runs(&chain, size);
         let inner = Arc::new(Inner {
             base,
