@@ -116,3 +116,128 @@ impl TierHandle {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The VMM's paths through a running tier: a balloon release of tiered pages, a
+    //! snapshot's copy of RAM and a template's return of every page, on real mappings.
+    use super::*;
+    use crate::balloon::GuestRamRelease;
+    use crate::memory::{back_ram_with_file, ram_with_windows};
+    use crate::snapshot::ram::{create_ram_file, write_memory};
+    use densevm_virtio::balloon::BalloonMemory;
+    use std::os::unix::fs::{FileExt, OpenOptionsExt};
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, Instant};
+    use vm_memory::{Bytes, GuestAddress};
+
+    const MIB: u64 = 1 << 20;
+    const PAGE: usize = 4096;
+
+    /// Page `n`'s bytes: half the pages compress, half do not.
+    fn page(n: u64) -> Vec<u8> {
+        let mut x = n.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        (0..PAGE)
+            .map(|i| {
+                if n % 2 == 0 {
+                    (n as u8) ^ (i as u8 & 0xf0)
+                } else {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x as u8
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn releases_snapshots_and_templates_see_tiered_pages_right() {
+        let size = 16 * MIB;
+        let file = Arc::new(create_ram_file(size).unwrap());
+        let mut specs = ram_with_windows(size, 0, 4 << 30, Vec::new());
+        back_ram_with_file(&mut specs, &file, true);
+        let memory = GuestMemory::new(specs).unwrap();
+        let ram: SharedRam = Arc::new(Mutex::new(RamFile::new(Some(file.clone()), true)));
+        let settings = TierSettings {
+            budget: 16 * MIB,
+            compressed_max: Some(MIB),
+            swap_dir: std::env::temp_dir(),
+        };
+        start(&memory, &mut lock_ram(&ram), &settings).unwrap();
+        let pages = size / PAGE as u64;
+        for n in 0..pages {
+            memory
+                .mem()
+                .write_slice(&page(n), GuestAddress(n * PAGE as u64))
+                .unwrap();
+        }
+        let tier = TierHandle::new(ram.clone());
+        tier.set_budget(4 * MIB).unwrap();
+        let t0 = Instant::now();
+        while tier.stats().unwrap().resident > 5 * MIB {
+            assert!(t0.elapsed() < Duration::from_secs(20), "{:?}", tier.stats());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let s = tier.stats().unwrap();
+        assert!(s.swap_pages > 0 && s.compressed_pages > 0, "{s:?}");
+
+        // A balloon release of 1 MiB at 2 MiB, most of it tiered: zeros from then on.
+        let release = GuestRamRelease::new(memory.regions().to_vec(), ram.clone());
+        release.release(2 * MIB, MIB).unwrap();
+        let expect = |n: u64| {
+            if (2 * MIB..3 * MIB).contains(&(n * PAGE as u64)) {
+                vec![0u8; PAGE]
+            } else {
+                page(n)
+            }
+        };
+
+        // A snapshot's memory file holds every page, tiered or not.
+        let out = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_TMPFILE)
+            .open(std::env::temp_dir())
+            .unwrap();
+        write_memory(memory.regions(), &lock_ram(&ram), &out).unwrap();
+        let mut buf = vec![0u8; PAGE];
+        for n in 0..pages {
+            out.read_exact_at(&mut buf, n * PAGE as u64).unwrap();
+            assert_eq!(buf, expect(n), "snapshot page {n}");
+        }
+
+        // A template: every page back in the RAM file, and the tier gone.
+        let returned = lock_ram(&ram).end_tier().unwrap();
+        assert!(returned >= 8 * MIB, "only {returned} bytes came back");
+        assert!(tier.stats().is_none());
+        assert!(tier
+            .set_budget(8 * MIB)
+            .unwrap_err()
+            .contains("no memory tier"));
+        for n in 0..pages {
+            file.read_exact_at(&mut buf, n * PAGE as u64).unwrap();
+            assert_eq!(buf, expect(n), "RAM file page {n}");
+            let mut mapped = vec![0u8; PAGE];
+            memory
+                .mem()
+                .read_slice(&mut mapped, GuestAddress(n * PAGE as u64))
+                .unwrap();
+            assert_eq!(mapped, expect(n), "mapped page {n}");
+        }
+    }
+
+    #[test]
+    fn tiering_refuses_anonymous_ram_and_tiny_budgets() {
+        let memory = GuestMemory::new(ram_with_windows(4 * MIB, 0, 4 << 30, Vec::new())).unwrap();
+        let mut ram = RamFile::new(None, false);
+        let settings = TierSettings {
+            budget: 8 * MIB,
+            compressed_max: None,
+            swap_dir: std::env::temp_dir(),
+        };
+        let e = start(&memory, &mut ram, &settings).unwrap_err().to_string();
+        assert!(e.contains("--merge all"), "{e}");
+        assert!(check_budget(MIB, 64 * MIB).unwrap_err().contains("minimum"));
+    }
+}
