@@ -209,7 +209,7 @@ fn two_vms_on_one_base_share_its_page_cache_pages() {
         .map(|top| {
             Vm::start(&[
                 "--timeout",
-                "120",
+                "600",
                 "--pmem",
                 top.to_str().unwrap(),
                 "--probe",

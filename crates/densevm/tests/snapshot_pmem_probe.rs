@@ -26,7 +26,7 @@ fn start(dir: &Path, image: &Path, script: &str, console: &Path) -> (Child, Path
     let sock = dir.join("api.sock");
     let out = std::fs::File::create(console).unwrap();
     let child = densevm()
-        .args(["run", "--memory", "64M", "--timeout", "120", "--pmem"])
+        .args(["run", "--memory", "64M", "--timeout", "600", "--pmem"])
         .arg(image)
         .args(["--api-sock"])
         .arg(&sock)
@@ -159,7 +159,7 @@ fn a_snapshot_flushes_the_pmem_image_and_a_restore_maps_it_again() {
     assert_image_clean(&image, "after SIGKILL: ");
 
     let out = densevm()
-        .args(["run", "--timeout", "120", "--restore"])
+        .args(["run", "--timeout", "600", "--restore"])
         .arg(&snap)
         .output()
         .unwrap();

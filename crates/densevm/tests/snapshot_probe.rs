@@ -19,7 +19,7 @@ fn start(dir: &Path, script: &str, console: &Path) -> (Child, PathBuf) {
             "--memory",
             "64M",
             "--timeout",
-            "120",
+            "600",
             "--probe",
             script,
         ])

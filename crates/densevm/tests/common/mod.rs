@@ -28,7 +28,7 @@ pub fn require_kvm() {
 pub fn run_probe(args: &[&str]) -> Output {
     require_kvm();
     let mut cmd = densevm();
-    cmd.arg("run").arg("--timeout").arg("120").args(args);
+    cmd.arg("run").arg("--timeout").arg("600").args(args);
     cmd.output().expect("densevm binary runs")
 }
 
