@@ -1,10 +1,10 @@
 /*
  * densevm-agent: runs commands for the host over vsock (docs/vsock.md, "The guest agent").
  *
- * Listens on a vsock stream port (default 52; `densevm-agent [PORT]`, or a unix socket for
- * host-side tests: `densevm-agent --unix PATH`), serves each
- * connection in a process of its own: one request frame (timeout, argv, environment),
- * then stdin frames from the host, stdout/stderr frames back, and an exit frame.
+ * Listens on a vsock stream port (default 52; `densevm-agent [PORT]`; a unix socket for
+ * host-side tests: `densevm-agent --unix PATH`) and serves each connection in a process of
+ * its own: one request frame (timeout, argv, environment), then stdin frames from the
+ * host, stdout/stderr frames back, and an exit frame.
  *
  * Frames: u8 type, u32 length (little-endian), then that many bytes.
  *   host -> agent  'R' request: u32 timeout_ms (0: none), u32 argc, u32 envc, then argc +
