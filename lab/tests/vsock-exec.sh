@@ -89,8 +89,9 @@ densevm vm snapshot --api-sock $W/api.sock --dir $W/snap > snap.log 2>&1 || { ca
 kill -9 $vm; wait $vm 2>/dev/null
 densevm run --restore $W/snap --api-sock $W/api2.sock > restored.log 2>&1 &
 restored=$!
-out=$(densevm exec --api-sock $W/api2.sock --wait 60 --no-stdin -- sh -c 'echo restored-$((6*7))') ||
-  { tail -n 20 restored.log; fail "exec after restore: exit $?"; }
+out=$(densevm exec --api-sock $W/api2.sock --wait 60 --no-stdin -- sh -c 'echo restored-$((6*7))')
+rc=$?
+[ "$rc" = 0 ] || { tail -n 20 restored.log; fail "exec after restore: exit $rc"; }
 [ "$out" = restored-42 ] || fail "exec after restore printed '$out'"
 echo "ok: exec works in the restored VM (stale socket replaced, connections reset)"
 kill $restored; wait $restored 2>/dev/null

@@ -201,6 +201,20 @@ pub fn run(
     }
 }
 
+/// The vsock device's socket: given, or asked from the VM's API.
+fn vsock_socket(args: &ExecArgs) -> anyhow::Result<PathBuf> {
+    match (&args.vsock_uds, &args.api_sock) {
+        (Some(u), _) => Ok(u.clone()),
+        (None, Some(api)) => {
+            let info = densevm_api::ApiClient::new(api)
+                .vsock()
+                .with_context(|| format!("GET /vsock on {}", api.display()))?;
+            Ok(PathBuf::from(info.uds_path))
+        }
+        (None, None) => bail!("give --api-sock PATH (or --vsock-uds PATH)"),
+    }
+}
+
 /// `densevm exec`.
 pub fn main(args: ExecArgs) -> anyhow::Result<i32> {
     let timeout = match args.timeout {
@@ -219,19 +233,12 @@ pub fn main(args: ExecArgs) -> anyhow::Result<i32> {
         }
     }
     let req = request(&args.command, &args.env, timeout)?;
-    let uds = match (&args.vsock_uds, &args.api_sock) {
-        (Some(u), _) => u.clone(),
-        (None, Some(api)) => {
-            let info = densevm_api::ApiClient::new(api)
-                .vsock()
-                .with_context(|| format!("GET /vsock on {}", api.display()))?;
-            PathBuf::from(info.uds_path)
-        }
-        (None, None) => bail!("give --api-sock PATH (or --vsock-uds PATH)"),
-    };
     let deadline = Instant::now() + Duration::from_secs_f64(args.wait);
+    // Both the API (a VM still being restored) and the agent (a guest still booting) may
+    // not be there yet: --wait covers both.
     let conn = loop {
-        match connect(&uds, args.port) {
+        let attempt = vsock_socket(&args).and_then(|uds| connect(&uds, args.port));
+        match attempt {
             Ok(c) => break c,
             Err(e) if Instant::now() < deadline => {
                 tracing::debug!("exec: {e:#}; trying again");

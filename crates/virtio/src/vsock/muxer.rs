@@ -484,6 +484,12 @@ impl Muxer {
         let mut used = 0usize;
         let result = (|| loop {
             let Some(chain) = queue.iter(mem)?.next() else {
+                // Out of buffers: ask for a notification when the driver adds some
+                // (with VIRTIO_RING_F_EVENT_IDX this moves avail_event), then look again
+                // for buffers added meanwhile.
+                if queue.enable_notification(mem)? {
+                    continue;
+                }
                 return Ok(());
             };
             let head = chain.head_index();
@@ -522,8 +528,14 @@ impl Muxer {
         if !self.reset_event_pending {
             return Ok(());
         }
-        let Some(chain) = queue::pop(queue, mem)? else {
-            return Ok(());
+        let chain = match queue::pop(queue, mem)? {
+            Some(c) => c,
+            // No buffer yet: ask to be notified when there is one.
+            None if !queue.enable_notification(mem)? => return Ok(()),
+            None => match queue::pop(queue, mem)? {
+                Some(c) => c,
+                None => return Ok(()),
+            },
         };
         let head = chain.head_index();
         let written = match chain.writer(mem) {

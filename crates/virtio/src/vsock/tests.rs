@@ -750,3 +750,24 @@ fn the_worker_serves_host_connections() {
     s.read_to_end(&mut buf).unwrap();
     assert!(buf.is_empty());
 }
+
+#[test]
+fn an_empty_receive_ring_asks_for_a_notification() {
+    // With VIRTIO_RING_F_EVENT_IDX the driver kicks only when its available index passes
+    // avail_event: the device must move it when it runs out of buffers.
+    let mut r = rig();
+    r.rxq.set_event_idx(true);
+    let (_desc, _avail, used) = r.rx.ring_addresses();
+    let avail_event = used + 4 + 8 * u64::from(QUEUE_SIZE);
+    let read_event = |r: &Rig| u16::from_le_bytes(r.rx.read(avail_event, 2).try_into().unwrap());
+    r.post_rx(3);
+    for port in 1..=3 {
+        r.send(hdr(Op::Request, 5000, port, 0), &[]); // three resets owed
+    }
+    assert_eq!(ops(&r.recv()), [Op::Rst, Op::Rst, Op::Rst]);
+    assert_eq!(
+        read_event(&r),
+        3,
+        "avail_event = next_avail once the ring is empty"
+    );
+}
