@@ -79,6 +79,8 @@ pub struct Muxer {
     next_token: u64,
     next_local_port: u32,
     rst_queue: VecDeque<Header>,
+    /// Where the next search for a packet starts among the connections (round robin).
+    next_turn: usize,
     /// A transport-reset event is owed (after a snapshot restore).
     pub reset_event_pending: bool,
     /// Counters.
@@ -110,6 +112,7 @@ impl Muxer {
             next_token: 1,
             next_local_port: FIRST_LOCAL_PORT,
             rst_queue: VecDeque::new(),
+            next_turn: 0,
             reset_event_pending: false,
             counters: Counters::default(),
             scratch: Vec::new(),
@@ -435,7 +438,15 @@ impl Muxer {
         }
         let mut failed = Vec::new();
         let mut found = None;
-        for (key, c) in self.conns.iter_mut() {
+        // Round robin: start after the connection served last, so one busy stream does
+        // not keep the others from the receive queue.
+        let keys: Vec<(u32, u32)> = self.conns.keys().copied().collect();
+        let start = self.next_turn % keys.len().max(1);
+        for (i, key) in keys.iter().cycle().skip(start).take(keys.len()).enumerate() {
+            let Some(c) = self.conns.get_mut(key) else {
+                continue;
+            };
+            self.next_turn = start + i + 1;
             c.poll_credit();
             if let Some(h) = c.take_control() {
                 found = Some((*key, h));

@@ -771,3 +771,20 @@ fn an_empty_receive_ring_asks_for_a_notification() {
         "avail_event = next_avail once the ring is empty"
     );
 }
+
+#[test]
+fn busy_connections_take_turns() {
+    let mut r = rig();
+    let mut a = r.guest_connect(1234, 1 << 20);
+    let mut b = r.guest_connect(1235, 1 << 20);
+    a.write_all(&[b'a'; 4 * RX_BUF as usize]).unwrap();
+    b.write_all(&[b'b'; 4 * RX_BUF as usize]).unwrap();
+    r.post_rx(4);
+    let got = r.recv();
+    let ports: Vec<u32> = got.iter().map(|(h, _)| h.src_port).collect();
+    assert_eq!(ports.len(), 4);
+    assert!(
+        ports.windows(2).all(|w| w[0] != w[1]),
+        "one stream held the queue: {ports:?}"
+    );
+}
