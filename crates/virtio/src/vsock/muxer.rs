@@ -379,9 +379,13 @@ impl Muxer {
         }
         let mut path = self.uds.clone().into_os_string();
         path.push(format!("_{}", hdr.dst_port));
-        let stream = match UnixStream::connect(&path) {
-            Ok(s) if s.set_nonblocking(true).is_ok() => s,
-            _ => {
+        let stream = match connect_nonblocking(Path::new(&path)) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::debug!(
+                    "virtio-vsock: guest connection to port {}: {e}",
+                    hdr.dst_port
+                );
                 self.queue_rst(rst_reply(hdr));
                 return;
             }
@@ -568,6 +572,55 @@ impl Muxer {
             if written { 4 } else { 0 },
         )
     }
+}
+
+/// Connects to the unix socket `path` without blocking the worker: a listener whose
+/// backlog is full refuses at once (`EAGAIN`) instead of stalling every connection of the
+/// device. The stream is non-blocking.
+pub fn connect_nonblocking(path: &Path) -> std::io::Result<UnixStream> {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = path.as_os_str().as_bytes();
+    let mut addr = libc::sockaddr_un {
+        sun_family: libc::AF_UNIX as libc::sa_family_t,
+        sun_path: [0; 108],
+    };
+    if bytes.len() >= addr.sun_path.len() || bytes.contains(&0) {
+        return Err(std::io::Error::new(
+            ErrorKind::InvalidInput,
+            "socket path too long for a unix socket",
+        ));
+    }
+    for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
+        *d = *s as libc::c_char;
+    }
+    // SAFETY: socket(2) takes no pointers; the result is checked before use.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a socket just created here and owned by nobody else.
+    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    let len = (std::mem::size_of::<libc::sa_family_t>() + bytes.len() + 1) as libc::socklen_t;
+    // SAFETY: `addr` is a live, initialized sockaddr_un; `len` covers its family, the path
+    // and its terminating NUL, within the structure.
+    let r = unsafe {
+        libc::connect(
+            sock.as_raw_fd(),
+            (&addr as *const libc::sockaddr_un).cast::<libc::sockaddr>(),
+            len,
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(UnixStream::from(sock))
 }
 
 /// `CONNECT <port>` (without the newline) → the port.

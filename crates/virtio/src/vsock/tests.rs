@@ -788,3 +788,31 @@ fn busy_connections_take_turns() {
         "one stream held the queue: {ports:?}"
     );
 }
+
+#[test]
+fn a_host_listener_with_a_full_backlog_refuses_without_stalling() {
+    let mut r = rig();
+    let path = format!("{}_77", r.uds.display());
+    let _l = UnixListener::bind(&path).unwrap(); // never accepts
+    let mut pending = Vec::new();
+    loop {
+        match super::muxer::connect_nonblocking(Path::new(&path)) {
+            Ok(s) => pending.push(s),
+            Err(e) => {
+                assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock, "{e}");
+                break;
+            }
+        }
+        assert!(pending.len() < 100_000, "the backlog never filled");
+    }
+    let t = Instant::now();
+    r.send(hdr(Op::Request, 5000, 77, 0), &[]);
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "the worker waited on connect"
+    );
+    r.post_rx(1);
+    assert_eq!(ops(&r.recv()), [Op::Rst]);
+    let long = "x".repeat(200);
+    assert!(super::muxer::connect_nonblocking(Path::new(&long)).is_err());
+}
