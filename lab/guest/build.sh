@@ -2,7 +2,9 @@
 # `make guest`: builds the L2 guest artifacts under build/guest/ from Debian packages.
 #   build/guest/vmlinuz         bzImage of the newest linux-image-6.1.0-N-amd64
 #   build/guest/vmlinux         ELF vmlinux extracted by `densevm kernel extract`
-#   build/guest/initrd.cpio.gz  busybox-static init + virtio/pmem/9p modules
+#   build/guest/initrd.cpio.gz  busybox-static init + virtio/pmem/9p/vsock modules + the
+#                               guest agent /bin/densevm-agent (lab/guest/agent.c, static;
+#                               started by init with `densevm.agent` on the cmdline)
 #   build/guest/initrd-tools.cpio.gz  the same plus e2fsprogs' mke2fs as /sbin/mkfs.ext4
 #                               (busybox's mke2fs makes ext2 only) and /bin/rio (4 KiB random
 #                               I/O, lab/guest/rio.c) with their shared libraries; a separate
@@ -61,13 +63,17 @@ newer() { # newer OUT IN... : true when OUT is missing or older than any IN
   local f; for f in "$@"; do [ "$f" -nt "$out" ] && return 0; done
   return 1
 }
-if newer initrd.cpio.gz "$here/init" "$here/modules.txt" /bin/busybox kernel-release "$0"; then
+if newer initrd.cpio.gz "$here/init" "$here/modules.txt" "$here/agent.c" /bin/busybox kernel-release "$0"; then
   log "building initrd.cpio.gz"
   file -L /bin/busybox | grep -q 'statically linked' || die "/bin/busybox is not static; apt-get install busybox-static"
+  command -v cc > /dev/null || die "no C compiler (cc) for lab/guest/agent.c; apt-get install gcc"
+  cc -O2 -s -static -Wall -Werror -o densevm-agent "$here/agent.c" ||
+    die "cannot build the static guest agent (lab/guest/agent.c); a static libc is in libc6-dev"
   rm -rf initrd-root && mkdir -p initrd-root/{bin,sbin,proc,sys,dev,tmp,run,etc,root}
   cp /bin/busybox initrd-root/bin/busybox
   ln -s busybox initrd-root/bin/sh
   cp "$here/init" initrd-root/init && chmod 755 initrd-root/init
+  cp densevm-agent initrd-root/bin/densevm-agent
   wanted="$(sed 's/#.*//' "$here/modules.txt" | xargs)"
   for m in $(resolve_modules "$moddir" $wanted); do
     mkdir -p "initrd-root/lib/modules/$release/$(dirname "$m")"

@@ -160,6 +160,11 @@ impl ApiClient {
         self.call("GET", "/memory-tier", None)
     }
 
+    /// `GET /vsock`: the guest CID and the unix socket of the VM's vsock device.
+    pub fn vsock(&self) -> Result<crate::types::VsockInfo, ClientError> {
+        self.call("GET", "/vsock", None)
+    }
+
     /// `PATCH /memory-tier`: a new DRAM budget, in MiB.
     pub fn set_memory_budget(&self, budget_mib: u32) -> Result<(), ClientError> {
         self.send_json("PATCH", "/memory-tier", &MemoryTierUpdate { budget_mib })

@@ -15,10 +15,12 @@
 //! | `PATCH` | `/balloon/statistics` | [`BalloonStatsUpdate`] | 204                   |
 //! | `GET`   | `/memory-tier`     | —                    | 200 [`MemoryTierInfo`]     |
 //! | `PATCH` | `/memory-tier`     | [`MemoryTierUpdate`] | 204                        |
+//! | `GET`   | `/vsock`           | —                    | 200 [`VsockInfo`]          |
 //!
 //! (The balloon routes act on a VM started with `densevm run --balloon`; a VM without one
 //! answers them 400, and `PUT /balloon` is 400 at run time: the device is created at
-//! start; likewise `/memory-tier` needs `densevm run --memory-budget`.) docs/api/openapi.yaml
+//! start; likewise `/memory-tier` needs `densevm run --memory-budget` and `/vsock`
+//! `--vsock`.) docs/api/openapi.yaml
 //! documents every route.
 //!
 //! Errors carry Firecracker's body, `{"fault_message": "..."}` ([`ApiError`]), saying what
@@ -53,5 +55,5 @@ pub use server::{
 pub use types::{
     ApiError, Balloon, BalloonInfo, BalloonStats, BalloonStatsUpdate, BalloonUpdate, CloneInfo,
     CloneList, CloneRequest, InstanceInfo, InstanceState, MemoryTierInfo, MemoryTierUpdate,
-    SnapshotCreate, SnapshotType, VmState, VmStateChange, MAX_CLONES,
+    SnapshotCreate, SnapshotType, VmState, VmStateChange, VsockInfo, MAX_CLONES,
 };

@@ -33,6 +33,8 @@ pub enum ApiRequest {
     GetMemoryTier,
     /// `PATCH /memory-tier`: a new DRAM budget.
     PatchMemoryTier(MemoryTierUpdate),
+    /// `GET /vsock`: answer with a [`VsockInfo`](crate::VsockInfo).
+    GetVsock,
 }
 
 /// An error to answer with: status and the `fault_message`.
@@ -69,6 +71,7 @@ pub const ROUTES: &[(&str, &[&str])] = &[
     ("/balloon", &["PUT", "PATCH", "GET"]),
     ("/balloon/statistics", &["GET", "PATCH"]),
     ("/memory-tier", &["GET", "PATCH"]),
+    ("/vsock", &["GET"]),
 ];
 
 /// Longest piece of a client's path quoted back in a message.
@@ -123,6 +126,7 @@ pub fn parse_route(method: &str, path: &str, body: &[u8]) -> Result<ApiRequest, 
         ("GET", "/balloon") => Ok(ApiRequest::GetBalloon),
         ("GET", "/balloon/statistics") => Ok(ApiRequest::GetBalloonStats),
         ("GET", "/memory-tier") => Ok(ApiRequest::GetMemoryTier),
+        ("GET", "/vsock") => Ok(ApiRequest::GetVsock),
         ("PATCH", "/memory-tier") => {
             let u = json::<MemoryTierUpdate>(method, path, body, r#"{"budget_mib": 128}"#)?;
             if u.budget_mib < 4 {

@@ -241,6 +241,17 @@ pub struct BalloonStats {
     pub hugetlb_failures: Option<u64>,
 }
 
+/// `GET /vsock`: the VM's vsock device (`densevm run --vsock`), with Firecracker's field
+/// names. Host programs connect to `uds_path` and write `CONNECT <port>\n`
+/// (docs/vsock.md).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VsockInfo {
+    /// The guest's context ID.
+    pub guest_cid: u64,
+    /// The unix socket of the device's host side.
+    pub uds_path: String,
+}
+
 /// `PATCH /memory-tier`: a new DRAM budget for guest RAM (densevm's own resource:
 /// Firecracker has no memory tiering).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -55,6 +55,12 @@ fn every_route_parses() {
 }
 
 #[test]
+fn vsock_route() {
+    assert_eq!(parse_route("GET", "/vsock", b""), Ok(ApiRequest::GetVsock));
+    assert_eq!(err("PUT", "/vsock", "{}").0, 405);
+}
+
+#[test]
 fn memory_tier_routes_parse_and_check_the_budget() {
     assert_eq!(
         parse_route("GET", "/memory-tier", b""),

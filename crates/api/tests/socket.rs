@@ -55,6 +55,10 @@ fn recording(calls: Calls) -> Box<dyn FnMut(ApiRequest) -> ApiResponse + Send> {
                 evicted_swap: 7,
                 ..Default::default()
             }),
+            ApiRequest::GetVsock => ApiResponse::ok(&densevm_api::VsockInfo {
+                guest_cid: 3,
+                uds_path: "/run/v.sock".into(),
+            }),
             ApiRequest::PutBalloon(_)
             | ApiRequest::PatchBalloon(_)
             | ApiRequest::PatchBalloonStats(_)
@@ -443,6 +447,16 @@ fn a_router_of_its_own_serves_text_and_json_on_the_same_http_code() {
         out.contains("Content-Type: text/plain; version=0.0.4\r\n"),
         "{out}"
     );
+    handle.shutdown();
+}
+
+#[test]
+fn vsock_helper_round_trip() {
+    let dir = tempfile::tempdir().unwrap();
+    let (handle, calls, path) = serve(dir.path(), Duration::from_secs(5));
+    let v = ApiClient::new(&path).vsock().unwrap();
+    assert_eq!((v.guest_cid, v.uds_path.as_str()), (3, "/run/v.sock"));
+    assert_eq!(calls.lock().unwrap().clone(), vec![ApiRequest::GetVsock]);
     handle.shutdown();
 }
 

@@ -34,6 +34,9 @@ enum Command {
     Console(cmd::console::ConsoleArgs),
     /// Run many VMs under one memory policy (serve), and its client verbs.
     Fleet(cmd::fleet::FleetArgs),
+    /// Run a command in a guest through its agent over vsock (the VM needs --vsock):
+    /// stdin forwarded, stdout/stderr printed, the command's exit code returned.
+    Exec(cmd::exec::ExecArgs),
 }
 
 static PROCESS_START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
@@ -61,6 +64,7 @@ fn main() {
         Command::Vm(args) => cmd::vm::main(args),
         Command::Console(args) => cmd::console::main(args),
         Command::Fleet(args) => cmd::fleet::main(args),
+        Command::Exec(args) => cmd::exec::main(args),
     };
     match result {
         Ok(code) => std::process::exit(code),

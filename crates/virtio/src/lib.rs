@@ -16,7 +16,7 @@
 //!   around a snapshot);
 //! - `state.rs` — [`StateError`] and [`QueuePosition`]: saving and restoring devices;
 //! - `transport/pci.rs` — virtio-pci (modern, MSI-X);
-//! - `balloon/`, `block/`, `pmem/`, `p9/`, `rng/` — the devices.
+//! - `balloon/`, `block/`, `pmem/`, `p9/`, `rng/`, `vsock/` — the devices.
 
 pub mod balloon;
 pub mod block;
@@ -30,6 +30,7 @@ pub mod state;
 #[cfg(any(test, feature = "test-utils"))]
 pub mod testing;
 pub mod transport;
+pub mod vsock;
 pub mod worker;
 
 pub use device::{ActivateError, DeviceQueue, VirtioDevice};
@@ -49,6 +50,8 @@ pub mod device_type {
     pub const BALLOON: u32 = 5;
     /// virtio-9p.
     pub const P9: u32 = 9;
+    /// virtio-vsock.
+    pub const VSOCK: u32 = 19;
     /// virtio-pmem.
     pub const PMEM: u32 = 27;
 }

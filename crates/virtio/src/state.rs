@@ -26,6 +26,7 @@ pub fn device_name(device_type: u32) -> &'static str {
         device_type::BALLOON => "virtio-balloon",
         device_type::P9 => "virtio-9p",
         device_type::PMEM => "virtio-pmem",
+        device_type::VSOCK => "virtio-vsock",
         _ => "virtio device",
     }
 }

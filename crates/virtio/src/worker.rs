@@ -25,6 +25,16 @@ pub trait QueueHandler: Send + 'static {
     fn tick(&mut self) -> Option<Duration> {
         None
     }
+
+    /// A file descriptor of the device's own (a host socket, an epoll set of them) that the
+    /// worker also waits on, level-triggered: [`handle_fd`](Self::handle_fd) runs whenever it
+    /// is readable. Asked once when the worker starts; `None` (the default): queues only.
+    fn extra_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
+
+    /// The [`extra_fd`](Self::extra_fd) is readable.
+    fn handle_fd(&mut self) {}
 }
 
 /// An `epoll_wait` timeout in milliseconds for `wait` (rounded up, so a deadline is never
@@ -53,6 +63,7 @@ pub struct Parked<H: QueueHandler> {
 }
 
 const KILL_TOKEN: u64 = u64::MAX;
+const EXTRA_TOKEN: u64 = u64::MAX - 1;
 
 impl<H: QueueHandler> Worker<H> {
     /// Starts thread `name` serving `handler` whenever one of `events` (queue `i`'s eventfd at
@@ -72,6 +83,13 @@ impl<H: QueueHandler> Worker<H> {
             kill.as_raw_fd(),
             EpollEvent::new(EventSet::IN, KILL_TOKEN),
         )?;
+        if let Some(fd) = handler.extra_fd() {
+            epoll.ctl(
+                ControlOperation::Add,
+                fd,
+                EpollEvent::new(EventSet::IN, EXTRA_TOKEN),
+            )?;
+        }
         let thread_kill = kill.try_clone()?;
         let thread = std::thread::Builder::new()
             .name(name.into())
@@ -80,7 +98,7 @@ impl<H: QueueHandler> Worker<H> {
                 for i in 0..events.len() {
                     handler.handle_queue(i);
                 }
-                let mut ready = vec![EpollEvent::default(); events.len() + 1];
+                let mut ready = vec![EpollEvent::default(); events.len() + 2];
                 let mut wait = handler.tick();
                 loop {
                     let n = match epoll.wait(epoll_timeout(wait), &mut ready) {
@@ -97,6 +115,10 @@ impl<H: QueueHandler> Worker<H> {
                         if token == KILL_TOKEN {
                             let _ = thread_kill.read();
                             return (handler, events);
+                        }
+                        if token == EXTRA_TOKEN {
+                            handler.handle_fd();
+                            continue;
                         }
                         let index = token as usize;
                         // Clear the count first: a notification after this read runs the

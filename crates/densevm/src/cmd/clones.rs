@@ -91,8 +91,13 @@ pub fn template_hook(
 }
 
 /// A clone's writable disks and its `--pmem` images are its own overlays in the template
-/// directory.
+/// directory; its vsock socket is `<uds>.clone-<index>` (the template's stays in use).
 pub fn use_clone_overlays(specs: &mut crate::cmd::devices::DeviceSpecs, dir: &Path, index: u32) {
+    if let Some(v) = &mut specs.vsock {
+        let mut uds = v.uds.clone().into_os_string();
+        uds.push(format!(".clone-{index}"));
+        v.uds = uds.into();
+    }
     for (n, d) in specs.disks.iter_mut().enumerate() {
         let overlay = overlay_path(dir, n, &format!("clone-{index}"));
         if !d.readonly && overlay.exists() {

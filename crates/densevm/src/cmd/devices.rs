@@ -1,11 +1,12 @@
-//! `densevm run`'s device options: `--disk`, `--share`, `--rng`, parsed and checked before
-//! the VM is built, so a bad option never starts a guest.
+//! `densevm run`'s device options: `--disk`, `--share`, `--rng`, `--vsock`, parsed and
+//! checked before the VM is built, so a bad option never starts a guest.
 
 use anyhow::{bail, Context};
 use densevm_9p::IdMap;
 use densevm_virtio::block::{Block, BlockConfig, ImageFormat};
 use densevm_virtio::p9::{ShareConfig, P9};
 use densevm_virtio::rng::Rng;
+use densevm_virtio::vsock::{Vsock, VsockConfig};
 use densevm_virtio::VirtioDevice;
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -102,6 +103,35 @@ pub fn parse_share(spec: &str) -> anyhow::Result<ShareSpec> {
     Ok(s)
 }
 
+/// Parses `--vsock cid=N,uds=PATH`.
+pub fn parse_vsock(spec: &str) -> anyhow::Result<VsockConfig> {
+    let mut cid = None;
+    let mut uds = None;
+    for o in spec.split(',').filter(|o| !o.is_empty()) {
+        match o.split_once('=') {
+            Some(("cid", n)) => {
+                let n: u64 = n.parse().map_err(|_| {
+                    anyhow::anyhow!("--vsock {spec}: cid must be a number, e.g. cid=3")
+                })?;
+                cid = Some(n);
+            }
+            Some(("uds", p)) if !p.is_empty() => uds = Some(PathBuf::from(p)),
+            _ => bail!("--vsock {spec}: unknown option '{o}' (give cid=N,uds=PATH)"),
+        }
+    }
+    let (Some(guest_cid), Some(uds)) = (cid, uds) else {
+        bail!("--vsock {spec}: give both the guest's CID and the host socket, e.g. --vsock cid=3,uds=/tmp/vm.vsock");
+    };
+    if !(densevm_virtio::vsock::MIN_GUEST_CID..=densevm_virtio::vsock::MAX_GUEST_CID)
+        .contains(&guest_cid)
+    {
+        bail!(
+            "--vsock {spec}: cid {guest_cid} is reserved or too large; use 3 <= cid < 4294967295"
+        );
+    }
+    Ok(VsockConfig { guest_cid, uds })
+}
+
 /// Checks what can be checked across options: no two shares with one tag, no disk given
 /// twice (two devices writing one file would corrupt it).
 pub fn check_unique(disks: &[DiskSpec], shares: &[ShareSpec]) -> anyhow::Result<()> {
@@ -151,6 +181,9 @@ pub struct DeviceSpecs {
     /// `--pmem` images (mapped by the caller, not opened as virtio devices here).
     #[serde(default)]
     pub pmem: Vec<PathBuf>,
+    /// `--vsock`.
+    #[serde(default)]
+    pub vsock: Option<VsockConfig>,
 }
 
 impl DeviceSpecs {
@@ -174,12 +207,28 @@ impl DeviceSpecs {
                 .collect(),
             rng,
             pmem: pmem.iter().map(abs).collect(),
+            vsock: None,
         }
+    }
+
+    /// With `--vsock` (its socket path made absolute).
+    pub fn with_vsock(mut self, vsock: Option<&VsockConfig>) -> Self {
+        self.vsock = vsock.map(|v| VsockConfig {
+            uds: std::path::absolute(&v.uds).unwrap_or_else(|_| v.uds.clone()),
+            ..v.clone()
+        });
+        self
     }
 
     /// Opens the devices, with a storage handle for each disk (in `disks` order).
     pub fn open(&self) -> anyhow::Result<OpenDevices> {
-        open_devices(&self.disks, &self.shares, self.rng)
+        let (mut devices, handles) = open_devices(&self.disks, &self.shares, self.rng)?;
+        if let Some(v) = &self.vsock {
+            let dev = Vsock::open(v.clone())
+                .with_context(|| format!("--vsock uds={}", v.uds.display()))?;
+            devices.push(Box::new(dev));
+        }
+        Ok((devices, handles))
     }
 }
 
@@ -261,6 +310,48 @@ mod tests {
         let b = parse_share("/b,tag=t").unwrap();
         let e = check_unique(&[], &[a, b]).unwrap_err().to_string();
         assert!(e.contains("tag 't'"), "{e}");
+    }
+
+    #[test]
+    fn vsock_specs() {
+        let v = parse_vsock("cid=3,uds=/tmp/v.sock").unwrap();
+        assert_eq!((v.guest_cid, v.uds.to_str()), (3, Some("/tmp/v.sock")));
+        for (bad, want) in [
+            ("cid=2,uds=/tmp/v", "reserved"),
+            ("cid=4294967295,uds=/tmp/v", "reserved"),
+            ("cid=x,uds=/tmp/v", "must be a number"),
+            ("cid=3", "give both"),
+            ("uds=/tmp/v", "give both"),
+            ("cid=3,uds=/tmp/v,port=1", "unknown option"),
+        ] {
+            let e = parse_vsock(bad).unwrap_err().to_string();
+            assert!(e.contains(want), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn vsock_socket_problems_are_reported_at_open() {
+        let dir = std::env::temp_dir().join(format!("densevm-vsock-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let uds = dir.join("v.sock");
+        std::fs::write(&uds, b"").unwrap();
+        let specs = DeviceSpecs::default().with_vsock(Some(&VsockConfig {
+            guest_cid: 3,
+            uds: uds.clone(),
+        }));
+        let e = format!("{:#}", specs.open().err().unwrap());
+        assert!(e.contains("--vsock uds=") && e.contains("remove it"), "{e}");
+        std::fs::remove_file(&uds).unwrap();
+        let (devices, _) = specs.open().unwrap();
+        assert_eq!(devices.len(), 1);
+        assert_eq!(devices[0].device_type(), densevm_virtio::device_type::VSOCK);
+        // Old snapshots have no vsock field.
+        let old: DeviceSpecs =
+            serde_json::from_str(r#"{"disks":[],"shares":[],"rng":false}"#).unwrap();
+        assert!(old.vsock.is_none());
+        drop(devices);
+        assert!(!uds.exists(), "the socket goes with the device");
+        std::fs::remove_dir(&dir).unwrap();
     }
 
     #[test]

@@ -4,6 +4,7 @@ pub mod balloon;
 pub mod clones;
 pub mod console;
 pub mod devices;
+pub mod exec;
 pub mod fleet;
 pub mod image;
 pub mod kernel;

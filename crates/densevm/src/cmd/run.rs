@@ -81,6 +81,12 @@ pub struct RunArgs {
     /// (`/dev/hwrng` with the virtio_rng module).
     #[arg(long)]
     pub rng: bool,
+    /// A virtio-vsock device for a Linux guest (modules vsock, vmw_vsock_virtio_transport):
+    /// cid=N (the guest's CID, >= 3),uds=PATH. Host programs connect to PATH and write
+    /// `CONNECT <port>\n` (Firecracker's hybrid vsock); guest connections to host port P
+    /// reach the unix socket PATH_P. `densevm exec` runs commands through it (docs/vsock.md).
+    #[arg(long, value_name = "cid=N,uds=PATH", value_parser = crate::cmd::devices::parse_vsock)]
+    pub vsock: Option<densevm_virtio::vsock::VsockConfig>,
     /// A virtio-balloon device for a Linux guest (`virtio_balloon` module):
     /// amount_mib=N (initial target, default 0), deflate_on_oom[=on|off] (default off),
     /// stats_interval_s=S (guest statistics every S s, default 1; 0: none),
@@ -108,7 +114,7 @@ pub struct RunArgs {
     pub id: Option<String>,
     /// Start the VM from a snapshot directory (made by PUT /snapshot/create) instead of
     /// booting: it continues where the snapshot was taken.
-    #[arg(long, value_name = "DIR", conflicts_with_all = ["kernel", "probe", "pmem", "disk", "share", "rng", "balloon", "memory_budget"])]
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["kernel", "probe", "pmem", "disk", "share", "rng", "vsock", "balloon", "memory_budget"])]
     pub restore: Option<std::path::PathBuf>,
     /// (clones) the template's RAM file is this inherited descriptor.
     #[arg(long, hide = true, requires = "restore")]
@@ -259,6 +265,9 @@ pub fn main(args: RunArgs) -> anyhow::Result<i32> {
     if args.kernel.is_none() && (!args.disk.is_empty() || !args.share.is_empty() || args.rng) {
         bail!("--disk, --share and --rng are virtio devices for a Linux guest: add --kernel FILE");
     }
+    if args.kernel.is_none() && args.vsock.is_some() {
+        bail!("--vsock is a virtio device for a Linux guest (the probe guest has no PCI and no vsock driver): add --kernel FILE");
+    }
     if let Some(b) = &args.balloon {
         if args.kernel.is_none() {
             bail!("--balloon is a virtio device for a Linux guest (the probe guest has no PCI): add --kernel FILE");
@@ -266,7 +275,8 @@ pub fn main(args: RunArgs) -> anyhow::Result<i32> {
         crate::cmd::balloon::check_balloon(b, args.memory)?;
     }
     let specs =
-        crate::cmd::devices::DeviceSpecs::absolute(&args.disk, &args.share, args.rng, &args.pmem);
+        crate::cmd::devices::DeviceSpecs::absolute(&args.disk, &args.share, args.rng, &args.pmem)
+            .with_vsock(args.vsock.as_ref());
     let (devices, disk_handles) = specs.open()?;
     let pmem = PmemRegions::open(&specs.pmem)?;
     let config = VmConfig {

@@ -130,6 +130,16 @@ pub fn serve(
             | ApiRequest::PatchBalloonStats(_)) => {
                 crate::cmd::balloon::answer(balloon.as_ref(), request)
             }
+            ApiRequest::GetVsock => match &specs.vsock {
+                Some(v) => ApiResponse::ok(&densevm_api::VsockInfo {
+                    guest_cid: v.guest_cid,
+                    uds_path: v.uds.display().to_string(),
+                }),
+                None => ApiResponse::error(
+                    400,
+                    "no vsock device: start the VM with densevm run --vsock cid=N,uds=PATH",
+                ),
+            },
             request @ (ApiRequest::GetMemoryTier | ApiRequest::PatchMemoryTier(_)) => {
                 crate::cmd::tier::answer(tier.as_ref(), request)
             }
