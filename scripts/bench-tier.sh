@@ -5,8 +5,8 @@
 # one run (crates/tier/benches/tier_zipf.rs). Needs root (userfaultfd, cgroup, swapon).
 #
 # Usage: scripts/bench-tier.sh [tier_zipf options, e.g. --size 256 --secs 15 --warmup 10]
-# Writes build/bench-tier/results.txt (raw TIERZIPF lines + the table), build/bench-tier.md
-# and build/bench-tier/tier-zipf.svg; prints the table.
+# Writes $BENCH_TIER_OUT (build/bench-tier)/raw.txt (TIERZIPF lines), results.txt (those
+# and the table), tier-zipf.svg, and $BENCH_TIER_OUT.md; prints the table.
 #
 # Host set-up for the kernel's modes, undone on exit whatever happens (trap): a swap file
 # in $BENCH_TIER_SWAPDIR (/var/tmp) swapped on, zswap enabled with lz4 (else lzo-rle, else
@@ -16,7 +16,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" = 0 ] || { echo "bench-tier: needs root (userfaultfd, cgroups, swapon)" >&2; exit 1; }
 cargo="${CARGO:-cargo}"
-out=build/bench-tier
+out="${BENCH_TIER_OUT:-build/bench-tier}"
 swapdir="${BENCH_TIER_SWAPDIR:-/var/tmp}"
 swapfile="$swapdir/densevm-bench-tier.swap"
 memcg_root=/sys/fs/cgroup/memory
@@ -82,6 +82,6 @@ rm -f "$out/raw.txt"
   echo "Measured $(date -u +%Y-%m-%d) with \`make bench-tier\` ($(nproc) cores, $(uname -r)):"
   echo
   grep -v '^TIERZIPF' "$out/results.txt"
-} > build/bench-tier.md
+} > "$out.md"
 python3 scripts/tier-plot.py "$out/raw.txt" "$out/tier-zipf.svg"
-echo "bench-tier: results in build/bench-tier.md, plot in $out/tier-zipf.svg" >&2
+echo "bench-tier: results in $out.md, plot in $out/tier-zipf.svg" >&2
