@@ -24,10 +24,15 @@ const SCAN_LIMIT: usize = 2048;
 const ARM_AHEAD: usize = 512;
 /// Idle wake-up period.
 const TICK: Duration = Duration::from_millis(100);
+/// How long the thread polls for the next fault after serving one (yielding between polls)
+/// before it sleeps: a sleeping thread's wake-up costs more than this (a scheduler round
+/// trip, an IPI and, in a VM, exits), and faults come in bursts.
+const SPIN: Duration = Duration::from_micros(30);
 /// Largest sequential prefetch, in pages.
 const MAX_WINDOW: usize = 16;
-/// Compressed pages demoted to the swap file per step.
-const DEMOTE_BATCH: usize = 64;
+/// Most compressed pages demoted to the swap file per step: more than an eviction step
+/// adds, so the store comes back under its share.
+const DEMOTE_BATCH: usize = 2 * EVICT_BATCH;
 
 pub(crate) fn run(sh: Arc<Shared>) {
     let mut svc = Service {
@@ -36,11 +41,12 @@ pub(crate) fn run(sh: Arc<Shared>) {
         last_arm: Instant::now(),
         swap_error: false,
     };
-    let mut busy = false;
+    let (mut busy, mut served) = (false, false);
     while !sh.stop.load(Ordering::Relaxed) {
-        wait(&sh, if busy { Duration::ZERO } else { TICK });
+        let spin = if served { SPIN } else { Duration::ZERO };
+        wait(&sh, if busy { Duration::ZERO } else { TICK }, spin);
         let mut st = sh.state.lock().unwrap_or_else(|p| p.into_inner());
-        let served = svc.serve_all(&sh, &mut st);
+        served = svc.serve_all(&sh, &mut st);
         let over = svc.evict_step(&sh, &mut st);
         if !over {
             svc.arm_ahead(&sh, &mut st);
@@ -56,8 +62,27 @@ pub(crate) fn run(sh: Arc<Shared>) {
     }
 }
 
-/// Sleeps until a fault message or a wake-up arrives, or `timeout` passes.
-fn wait(sh: &Shared, timeout: Duration) {
+/// Sleeps until a fault message or a wake-up arrives, or `timeout` passes; first polls
+/// without sleeping (yielding the CPU in between) for up to `spin`.
+fn wait(sh: &Shared, timeout: Duration, spin: Duration) {
+    if !spin.is_zero() && !timeout.is_zero() {
+        let until = Instant::now() + spin;
+        let mut fd = libc::pollfd {
+            fd: sh.uffd.raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        while Instant::now() < until {
+            // SAFETY: a non-blocking poll of one pollfd we own.
+            if unsafe { libc::poll(&mut fd, 1, 0) } > 0 {
+                return;
+            }
+            // Yield rather than spin: the thread the last fault woke often waits for this
+            // CPU (as pmem's service thread measured, docs/architecture.md).
+            // SAFETY: sched_yield has no preconditions.
+            unsafe { libc::sched_yield() };
+        }
+    }
     let mut fds = [
         libc::pollfd {
             fd: sh.uffd.raw_fd(),
@@ -265,6 +290,11 @@ impl Service {
         if self.last_arm.elapsed() < TICK || sh.resident() <= budget / 8 * 7 {
             return;
         }
+        // Areas that fit the budget whole never need a page to leave: arming them would
+        // only cost minor faults (a VM whose budget is its RAM size).
+        if sh.areas.iter().map(|a| a.len).sum::<u64>() <= budget {
+            return;
+        }
         self.last_arm = Instant::now();
         let mut arm = Vec::new();
         self.sweep(sh, st, ARM_AHEAD, |st, pg| {
@@ -333,9 +363,13 @@ impl Service {
                     gone[i] = true;
                     continue;
                 }
+                // The newest evictions are the likeliest to come back: they always go to
+                // the compressed store, whose oldest pages make room (`demote`), as long
+                // as there is somewhere to demote them to.
                 if cmax > 0 {
                     if let Some(c) = Compressed::compress(data) {
-                        if st.compressed.bytes() + c.len() as u64 <= cmax {
+                        let fits = st.compressed.bytes() + c.len() as u64 <= cmax;
+                        if fits || !self.swap_error {
                             let slot = st.compressed.insert(pg as u32, c);
                             st.table.set(pg, Location::Compressed(slot));
                             Counters::add(&sh.counters.evicted_compressed, 1);
@@ -393,7 +427,7 @@ impl Service {
     }
 
     /// Moves the compressed store's oldest pages to the swap file while it is over its
-    /// share.
+    /// share (by at most what one eviction batch can add, so it keeps up).
     fn demote(&mut self, sh: &Shared, st: &mut State) {
         let cmax = sh.compressed_max();
         for _ in 0..DEMOTE_BATCH {

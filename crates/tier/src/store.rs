@@ -2,6 +2,7 @@
 //! in-memory store (LZ4) and a file (an unlinked temporary file whose page cache is
 //! dropped once written back). Zero pages are kept in neither: they are holes.
 
+use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -33,8 +34,17 @@ impl Compressed {
     /// Compresses `data` (one page); `None` if it does not shrink below
     /// [`COMPRESS_LIMIT`].
     pub fn compress(data: &[u8]) -> Option<Box<[u8]>> {
-        let out = lz4_flex::block::compress(data);
-        (out.len() <= COMPRESS_LIMIT).then(|| out.into_boxed_slice())
+        // Into a scratch buffer, then one allocation of the exact size: compressing into a
+        // fresh page-sized vector and shrinking it left the heap ~1.5x the bytes held
+        // (measured with the zipf benchmark).
+        thread_local! {
+            static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+        }
+        SCRATCH.with_borrow_mut(|out| {
+            out.resize(lz4_flex::block::get_maximum_output_size(data.len()), 0);
+            let n = lz4_flex::block::compress_into(data, out).ok()?;
+            (n <= COMPRESS_LIMIT).then(|| Box::from(&out[..n]))
+        })
     }
 
     /// Stores compressed bytes for `page`; returns the slot.
@@ -139,6 +149,10 @@ impl Swap {
                     ),
                 )
             })?;
+        // Pages are read back one at a time, in no order: readahead would only fetch pages
+        // nobody asked for (and wait for them).
+        // SAFETY: an advice call on a descriptor we own.
+        unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
         Ok(Swap {
             file,
             free: Vec::new(),
@@ -167,31 +181,24 @@ impl Swap {
         Ok(slot)
     }
 
-    /// Starts writeback of what was written; every [`FLUSH_EVERY`] bytes, waits for it and
-    /// drops the file's page cache, so that the tier does not live on in host memory.
+    /// Every [`FLUSH_EVERY`] bytes written, writes them back and drops the file's page
+    /// cache, so that the tier does not live on in host memory. In between nothing is
+    /// done: one large write-back costs a few device requests, where starting write-back
+    /// after every step cost one (a VM exit on a virtio disk) per handful of pages.
     pub fn flush(&mut self) {
-        if self.unflushed == 0 {
+        if self.unflushed < FLUSH_EVERY {
             return;
         }
         let fd = self.file.as_raw_fd();
-        let wait = self.unflushed >= FLUSH_EVERY;
-        let flags = if wait {
-            libc::SYNC_FILE_RANGE_WAIT_BEFORE
-                | libc::SYNC_FILE_RANGE_WRITE
-                | libc::SYNC_FILE_RANGE_WAIT_AFTER
-        } else {
-            libc::SYNC_FILE_RANGE_WRITE
-        };
+        let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE
+            | libc::SYNC_FILE_RANGE_WRITE
+            | libc::SYNC_FILE_RANGE_WAIT_AFTER;
         // SAFETY: plain syscalls on a descriptor we own; failures only leave page cache.
         unsafe {
             libc::sync_file_range(fd, 0, 0, flags);
-            if wait {
-                libc::posix_fadvise(fd, 0, 0, libc::POSIX_FADV_DONTNEED);
-            }
+            libc::posix_fadvise(fd, 0, 0, libc::POSIX_FADV_DONTNEED);
         }
-        if wait {
-            self.unflushed = 0;
-        }
+        self.unflushed = 0;
     }
 
     /// Reads `slot` into `out` (one page).
