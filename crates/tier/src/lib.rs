@@ -372,6 +372,7 @@ impl Tier {
         for pg in first..last {
             self.shared.forget(&mut st, pg);
             st.table.set_armed(pg, false);
+            st.table.set_referenced(pg, false);
         }
         punch(&self.shared.file, offset, len)
     }

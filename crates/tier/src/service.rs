@@ -155,6 +155,7 @@ impl Service {
         };
         if msg.flags & FLAG_MINOR != 0 {
             st.table.set_armed(pg, false);
+            st.table.set_referenced(pg, true);
             match sh.uffd.continue_minor(addr, PAGE, true) {
                 Ok(Resolved::Filled(_)) => {
                     Counters::add(&sh.counters.minor_faults, 1);
@@ -183,6 +184,8 @@ impl Service {
         };
         st.last_missing = pg;
         self.make_room(sh, st);
+        // Just accessed: spared by the hand's next pass.
+        st.table.set_referenced(pg, true);
         let at = st.table.get(pg);
         // The following pages in the same place kind, contiguous in the same area.
         let same = |st: &State, p: usize| {
@@ -245,9 +248,11 @@ impl Service {
             .budget
             .load(Ordering::Relaxed)
             .saturating_add(hard_slack(sh));
-        // Bounded: a first turn of the hand only arms; give up after a few turns' worth
-        // of steps without a victim (nothing can leave, e.g. no swap file).
-        for _ in 0..64 {
+        // Bounded: a page seen referenced is spared one turn and armed the next, so a victim
+        // can take up to three turns of the hand; give up after four turns' worth of steps
+        // (nothing can leave, e.g. no swap file).
+        let steps = 4 * st.table.pages().div_ceil(SCAN_LIMIT) + 8;
+        for _ in 0..steps {
             if sh.resident() + st.compressed.bytes() + MAX_WINDOW as u64 * PAGE <= limit {
                 return;
             }
@@ -269,14 +274,20 @@ impl Service {
         let want = ((used - budget + slack) / PAGE).min(EVICT_BATCH as u64) as usize;
         let mut victims = Vec::with_capacity(want);
         let mut arm = Vec::new();
+        let mut spared = Vec::new();
         self.sweep(sh, st, SCAN_LIMIT, |st, pg| {
             if st.table.armed(pg) {
                 victims.push(pg);
+            } else if st.table.referenced(pg) {
+                spared.push(pg);
             } else {
                 arm.push(pg);
             }
             victims.len() < want
         });
+        for pg in spared {
+            st.table.set_referenced(pg, false);
+        }
         arm_pages(sh, st, &arm);
         self.evict(sh, st, &victims);
         self.demote(sh, st);
@@ -296,13 +307,18 @@ impl Service {
             return;
         }
         self.last_arm = Instant::now();
-        let mut arm = Vec::new();
+        let (mut arm, mut spared) = (Vec::new(), Vec::new());
         self.sweep(sh, st, ARM_AHEAD, |st, pg| {
-            if !st.table.armed(pg) {
+            if st.table.referenced(pg) {
+                spared.push(pg);
+            } else if !st.table.armed(pg) {
                 arm.push(pg);
             }
             true
         });
+        for pg in spared {
+            st.table.set_referenced(pg, false);
+        }
         arm_pages(sh, st, &arm);
     }
 
@@ -358,6 +374,7 @@ impl Service {
             for (i, data) in bytes.chunks_exact(PAGE as usize).enumerate() {
                 let pg = first + i;
                 st.table.set_armed(pg, false);
+                st.table.set_referenced(pg, false);
                 if data.iter().all(|&b| b == 0) {
                     Counters::add(&sh.counters.evicted_zero, 1);
                     gone[i] = true;

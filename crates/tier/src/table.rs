@@ -1,6 +1,9 @@
 //! Where each page of the RAM file is: in the file (resident, or a hole that reads as
 //! zeros), in the compressed store or in the swap file; and which resident pages are
-//! *armed* (their mappings zapped so the next access is a minor fault we see).
+//! *armed* (their mappings zapped so the next access is a minor fault we see) or
+//! *referenced* (an access was seen since the clock hand last passed: it is spared one turn
+//! before being armed again, so a hot page costs a minor fault every other turn, not every
+//! turn).
 //!
 //! Four bytes per page for the location and one bit for the arm: 0.1 % of the RAM, only
 //! touched where pages are tiered (the vectors start as untouched zero pages).
@@ -22,6 +25,7 @@ const SWAP_BIT: u32 = 1 << 31;
 pub(crate) struct Table {
     loc: Vec<u32>,
     armed: Vec<u64>,
+    referenced: Vec<u64>,
 }
 
 impl Table {
@@ -30,6 +34,7 @@ impl Table {
         Table {
             loc: vec![0; pages],
             armed: vec![0; pages.div_ceil(64)],
+            referenced: vec![0; pages.div_ceil(64)],
         }
     }
 
@@ -69,12 +74,26 @@ impl Table {
 
     /// Arms or disarms page `pg`.
     pub fn set_armed(&mut self, pg: usize, on: bool) {
-        let bit = 1u64 << (pg % 64);
-        if on {
-            self.armed[pg / 64] |= bit;
-        } else {
-            self.armed[pg / 64] &= !bit;
-        }
+        set_bit(&mut self.armed, pg, on);
+    }
+
+    /// Whether an access to page `pg` was seen since the hand last passed it.
+    pub fn referenced(&self, pg: usize) -> bool {
+        self.referenced[pg / 64] & (1 << (pg % 64)) != 0
+    }
+
+    /// Sets or clears page `pg`'s referenced bit.
+    pub fn set_referenced(&mut self, pg: usize, on: bool) {
+        set_bit(&mut self.referenced, pg, on);
+    }
+}
+
+fn set_bit(bits: &mut [u64], pg: usize, on: bool) {
+    let bit = 1u64 << (pg % 64);
+    if on {
+        bits[pg / 64] |= bit;
+    } else {
+        bits[pg / 64] &= !bit;
     }
 }
 
@@ -107,5 +126,9 @@ mod tests {
         assert!(t.armed(64) && t.armed(129) && !t.armed(63) && !t.armed(65));
         t.set_armed(64, false);
         assert!(!t.armed(64) && t.armed(129));
+        t.set_referenced(64, true);
+        assert!(t.referenced(64) && !t.referenced(129) && !t.armed(64));
+        t.set_referenced(64, false);
+        assert!(!t.referenced(64));
     }
 }
