@@ -25,6 +25,15 @@ pub trait QueueHandler: Send + 'static {
     fn tick(&mut self) -> Option<Duration> {
         None
     }
+
+    /// Other file descriptors the worker waits on besides the queues' eventfds (a tap),
+    /// registered edge-triggered for input: when fd `i` of this list becomes readable (or
+    /// fails) the worker calls `handle_queue(queues + i)`, where `queues` is the number of
+    /// eventfds. The handler reads them itself, until `EAGAIN` (edge-triggered: a readiness
+    /// it leaves unread is not reported again until new data arrives). Asked once per start.
+    fn poll_fds(&self) -> Vec<std::os::fd::RawFd> {
+        Vec::new()
+    }
 }
 
 /// An `epoll_wait` timeout in milliseconds for `wait` (rounded up, so a deadline is never
@@ -72,6 +81,17 @@ impl<H: QueueHandler> Worker<H> {
             kill.as_raw_fd(),
             EpollEvent::new(EventSet::IN, KILL_TOKEN),
         )?;
+        let extra = handler.poll_fds();
+        for (i, fd) in extra.iter().enumerate() {
+            epoll.ctl(
+                ControlOperation::Add,
+                *fd,
+                EpollEvent::new(
+                    EventSet::IN | EventSet::EDGE_TRIGGERED,
+                    (events.len() + i) as u64,
+                ),
+            )?;
+        }
         let thread_kill = kill.try_clone()?;
         let thread = std::thread::Builder::new()
             .name(name.into())
@@ -80,7 +100,7 @@ impl<H: QueueHandler> Worker<H> {
                 for i in 0..events.len() {
                     handler.handle_queue(i);
                 }
-                let mut ready = vec![EpollEvent::default(); events.len() + 1];
+                let mut ready = vec![EpollEvent::default(); events.len() + extra.len() + 1];
                 let mut wait = handler.tick();
                 loop {
                     let n = match epoll.wait(epoll_timeout(wait), &mut ready) {
@@ -100,8 +120,10 @@ impl<H: QueueHandler> Worker<H> {
                         }
                         let index = token as usize;
                         // Clear the count first: a notification after this read runs the
-                        // handler again.
-                        let _ = events[index].read();
+                        // handler again. (Past the eventfds: a `poll_fds` descriptor.)
+                        if let Some(e) = events.get(index) {
+                            let _ = e.read();
+                        }
                         handler.handle_queue(index);
                     }
                     wait = handler.tick();
