@@ -279,12 +279,7 @@ impl Handler {
                 0
             },
         );
-        crate::queue::check_ring(
-            result,
-            "virtio-net tx",
-            &mut self.broken,
-            &*self.interrupt,
-        );
+        crate::queue::check_ring(result, "virtio-net tx", &mut self.broken, &*self.interrupt);
         if let Some(e) = failure {
             self.tap_failed("write", &e);
         }
@@ -467,9 +462,10 @@ pub fn parse_mac(s: &str) -> Result<[u8; 6], String> {
     let parts: Vec<&str> = s.split(':').collect();
     let mut mac = [0u8; 6];
     let ok = parts.len() == 6
-        && parts.iter().zip(mac.iter_mut()).all(|(p, b)| {
-            p.len() == 2 && u8::from_str_radix(p, 16).map(|v| *b = v).is_ok()
-        });
+        && parts
+            .iter()
+            .zip(mac.iter_mut())
+            .all(|(p, b)| p.len() == 2 && u8::from_str_radix(p, 16).map(|v| *b = v).is_ok());
     if !ok {
         return Err(format!(
             "'{s}' is not a MAC address: give six hex bytes, e.g. 06:00:ac:10:00:02"

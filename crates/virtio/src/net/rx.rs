@@ -48,7 +48,9 @@ enum Placed {
     Dropped,
     /// The ring ran dry; the chains taken were given back. `seen` is the available index
     /// the device got to: buffers published from there on are new.
-    NoBuffers { seen: u16 },
+    NoBuffers {
+        seen: u16,
+    },
 }
 
 /// The writable buffers of a receive chain, or its head when the chain breaks the rules:

@@ -158,12 +158,10 @@ impl Tap {
             },
         })?;
         let mut hdr_len = super::HDR_LEN as libc::c_int;
-        ioctl_ptr(&fd, libc::TUNSETVNETHDRSZ, &mut hdr_len).map_err(|source| {
-            TapError::Setup {
-                name: name.to_string(),
-                op: "TUNSETVNETHDRSZ",
-                source,
-            }
+        ioctl_ptr(&fd, libc::TUNSETVNETHDRSZ, &mut hdr_len).map_err(|source| TapError::Setup {
+            name: name.to_string(),
+            op: "TUNSETVNETHDRSZ",
+            source,
         })?;
         let tap = Tap {
             fd,
@@ -252,7 +250,10 @@ mod tests {
     #[test]
     fn names_are_checked() {
         for bad in ["", "a/b", "with space", "0123456789abcdef", "..", "x:1"] {
-            assert!(matches!(check_name(bad), Err(TapError::InvalidName(_))), "{bad}");
+            assert!(
+                matches!(check_name(bad), Err(TapError::InvalidName(_))),
+                "{bad}"
+            );
         }
         check_name("tap0").unwrap();
     }
@@ -261,7 +262,11 @@ mod tests {
     fn a_missing_tap_says_how_to_create_it() {
         let e = Tap::open("dvmnosuchtap9").unwrap_err();
         assert!(matches!(e, TapError::NoSuchTap(_)), "{e}");
-        assert!(e.to_string().contains("ip tuntap add dvmnosuchtap9 mode tap"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("ip tuntap add dvmnosuchtap9 mode tap"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -33,7 +33,12 @@ fn socket_tap() -> (Tap, OwnedFd) {
 fn send(peer: &OwnedFd, data: &[u8]) {
     // SAFETY: `data` is valid for its length during the call.
     let n = unsafe { libc::write(peer.as_raw_fd(), data.as_ptr().cast(), data.len()) };
-    assert_eq!(n, data.len() as isize, "{}", std::io::Error::last_os_error());
+    assert_eq!(
+        n,
+        data.len() as isize,
+        "{}",
+        std::io::Error::last_os_error()
+    );
 }
 
 fn recv(peer: &OwnedFd) -> Option<Vec<u8>> {
@@ -78,15 +83,16 @@ fn rx_one_frame_per_buffer_with_num_buffers_1() {
     let s = stats();
     let e = rx::receive(&mut q, &mq.mem, &irq, &tap, &mut st, false, &s).unwrap();
     assert!(e.is_none());
-    assert_eq!(
-        mq.used(),
-        vec![(u32::from(h1), 112), (u32::from(h2), 1512)]
-    );
+    assert_eq!(mq.used(), vec![(u32::from(h1), 112), (u32::from(h2), 1512)]);
     let got = mq.read(o1[0], 112);
     assert_eq!(&got[10..12], &[1, 0], "num_buffers");
     assert_eq!(&got[12..], &f1[12..]);
     assert_eq!(&mq.read(o2[0], 1512)[12..], &f2[12..]);
-    assert_eq!(*irq.queues.lock().unwrap(), vec![0], "one interrupt for the batch");
+    assert_eq!(
+        *irq.queues.lock().unwrap(),
+        vec![0],
+        "one interrupt for the batch"
+    );
     assert_eq!(NetStats::get(&s.rx_packets), 2);
     assert_eq!(NetStats::get(&s.rx_bytes), 1600);
 }
@@ -116,7 +122,11 @@ fn rx_mergeable_buffers_take_a_large_frame() {
         got.extend(mq.read(outs[i].1, len as usize));
     }
     assert_eq!(got.len(), total);
-    assert_eq!(u16::from_le_bytes([got[10], got[11]]) as usize, n, "num_buffers");
+    assert_eq!(
+        u16::from_le_bytes([got[10], got[11]]) as usize,
+        n,
+        "num_buffers"
+    );
     assert_eq!(&got[12..], &big[12..]);
     assert_eq!(NetStats::get(&s.rx_packets), 1);
 }
@@ -135,12 +145,19 @@ fn rx_waits_for_buffers_then_delivers() {
     let f = frame(2500, 3);
     send(&peer, &f);
     rx::receive(&mut q, &mq.mem, &irq, &tap, &mut st, true, &s).unwrap();
-    assert!(mq.used().is_empty(), "nothing used while the frame does not fit");
+    assert!(
+        mq.used().is_empty(),
+        "nothing used while the frame does not fit"
+    );
     assert!(st.has_pending());
     assert_eq!(q.next_avail(), 0, "the chains were given back");
     let (_, _, used_ring) = mq.ring_addresses();
     let avail_event = mq.read(used_ring + 4 + 8 * u64::from(QUEUE_SIZE), 2);
-    assert_eq!(avail_event, [2, 0], "a notification is asked for the next new buffer");
+    assert_eq!(
+        avail_event,
+        [2, 0],
+        "a notification is asked for the next new buffer"
+    );
     let (h3, o3) = mq.add_request(&[], &[1000]);
     rx::receive(&mut q, &mq.mem, &irq, &tap, &mut st, true, &s).unwrap();
     let used = mq.used();
@@ -161,7 +178,11 @@ fn rx_without_mergeable_drops_a_frame_too_large_for_one_buffer() {
     send(&peer, &frame(4000, 1));
     send(&peer, &frame(60, 2));
     rx::receive(&mut q, &mq.mem, &irq, &tap, &mut st, false, &s).unwrap();
-    assert_eq!(mq.used(), vec![(u32::from(h), 72)], "the small frame got the buffer");
+    assert_eq!(
+        mq.used(),
+        vec![(u32::from(h), 72)],
+        "the small frame got the buffer"
+    );
     assert_eq!(NetStats::get(&s.rx_dropped), 1);
 }
 
@@ -179,7 +200,13 @@ fn rx_hostile_chains_are_completed_unused_and_the_frame_goes_on() {
     let outside = mq.add_chain(&[(MEM as u64 - 100, 2048, true)]);
     // A chain that loops onto itself: descriptor 10 -> 10.
     let b = mq.alloc(64);
-    mq.set_desc(10, b, 64, (VRING_DESC_F_WRITE | VRING_DESC_F_NEXT) as u16, 10);
+    mq.set_desc(
+        10,
+        b,
+        64,
+        (VRING_DESC_F_WRITE | VRING_DESC_F_NEXT) as u16,
+        10,
+    );
     mq.publish(10);
     let (good, o) = {
         // Descriptors after the loop's index so add_request does not overwrite it.
@@ -465,7 +492,11 @@ fn mem_read(mq: &MockQueue, addr: u64, len: usize) -> Vec<u8> {
 #[test]
 fn offloads_follow_the_guests_receive_features() {
     use net_features::*;
-    assert_eq!(tap_offloads(GUEST_TSO4 | MRG_RXBUF), 0, "no TSO without GUEST_CSUM");
+    assert_eq!(
+        tap_offloads(GUEST_TSO4 | MRG_RXBUF),
+        0,
+        "no TSO without GUEST_CSUM"
+    );
     assert_eq!(tap_offloads(GUEST_CSUM), libc::TUN_F_CSUM);
     assert_eq!(
         tap_offloads(GUEST_CSUM | GUEST_TSO4 | GUEST_TSO6 | GUEST_ECN),
@@ -476,11 +507,24 @@ fn offloads_follow_the_guests_receive_features() {
 
 #[test]
 fn macs_are_parsed_and_checked() {
-    assert_eq!(parse_mac("06:00:ac:10:00:02").unwrap(), [6, 0, 0xac, 0x10, 0, 2]);
-    for bad in ["06:00:ac:10:00", "06:00:ac:10:00:02:03", "0g:00:00:00:00:01", "6:0:0:0:0:1"] {
-        assert!(parse_mac(bad).unwrap_err().contains("six hex bytes"), "{bad}");
+    assert_eq!(
+        parse_mac("06:00:ac:10:00:02").unwrap(),
+        [6, 0, 0xac, 0x10, 0, 2]
+    );
+    for bad in [
+        "06:00:ac:10:00",
+        "06:00:ac:10:00:02:03",
+        "0g:00:00:00:00:01",
+        "6:0:0:0:0:1",
+    ] {
+        assert!(
+            parse_mac(bad).unwrap_err().contains("six hex bytes"),
+            "{bad}"
+        );
     }
-    assert!(parse_mac("01:00:5e:00:00:01").unwrap_err().contains("multicast"));
+    assert!(parse_mac("01:00:5e:00:00:01")
+        .unwrap_err()
+        .contains("multicast"));
     assert!(parse_mac("00:00:00:00:00:00").is_err());
     let m = random_mac();
     assert_eq!(m[0] & 3, 2, "locally administered unicast");

@@ -72,10 +72,10 @@ pub fn check_header(pkt: &[u8], acked: u64) -> Result<(), TxError> {
     let csum_start = usize::from(u16::from_le_bytes([pkt[6], pkt[7]]));
     let csum_offset = usize::from(u16::from_le_bytes([pkt[8], pkt[9]]));
     let frame_len = pkt.len() - HDR_LEN;
-    if flags & HDR_F_NEEDS_CSUM != 0 {
-        if acked & net_features::CSUM == 0 || csum_start + csum_offset + 2 > frame_len {
-            return Err(TxError::BadHeader);
-        }
+    if flags & HDR_F_NEEDS_CSUM != 0
+        && (acked & net_features::CSUM == 0 || csum_start + csum_offset + 2 > frame_len)
+    {
+        return Err(TxError::BadHeader);
     }
     if gso & GSO_ECN != 0 && acked & net_features::HOST_ECN == 0 {
         return Err(TxError::BadHeader);

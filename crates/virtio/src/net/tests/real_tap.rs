@@ -60,7 +60,8 @@ fn a_real_tap_opens_takes_offloads_and_serves_one_vm() {
     let t = TestTap::create("a");
     let tap = Tap::open(&t.0).unwrap();
     assert_eq!(tap.name(), t.0);
-    tap.set_offload(tap_offloads(net_features::OFFERED)).unwrap();
+    tap.set_offload(tap_offloads(net_features::OFFERED))
+        .unwrap();
     let e = Tap::open(&t.0).unwrap_err();
     assert!(matches!(e, tap::TapError::Busy(_)), "{e}");
     assert!(e.to_string().contains("its own tap"), "{e}");
