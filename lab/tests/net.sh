@@ -6,7 +6,11 @@
 #    fetches the file (sha256 must match L1's) and serves its own 4 MiB file, which L1
 #    fetches (sha256 must match the guest's);
 #  - the guest's driver accepted the offloads (checksum and TSO both ways, mergeable
-#    receive buffers, MAC, status), read from /sys/bus/virtio/devices/*/features.
+#    receive buffers, MAC, status), read from /sys/bus/virtio/devices/*/features;
+#  - snapshot and restore: L1 pauses the VM, snapshots it, kills it and restores it in a new
+#    densevm, which opens tap0 again; L1 fetches the guest's file once more (sha256 again);
+#  - a tap that vanishes: L1 deletes tap0 under the restored VM; the guest sees its link go
+#    down and ends normally, densevm logs the failure and exits 0.
 . "$LAB_SRC/lib/test-lib.sh"
 need_l2_densevm
 need_cmd tunctl ip httpd wget sha256sum
@@ -66,11 +70,19 @@ head -c 4194304 /dev/urandom > /www/from-l2.bin || exit 13
 mark L2-SUM "$(sha256sum < /www/from-l2.bin | cut -d' ' -f1)"
 httpd -p 192.168.77.2:8080 -h /www || exit 14
 echo DENSEVM-NET-READY
-# L1 puts /done on its server once it has fetched from-l2.bin.
+# Pings go on (through the snapshot and the restore) until L1 deletes tap0.
 i=0
-until wget -q -O /tmp/done http://192.168.77.1:8080/done 2>/dev/null; do
-  i=$((i + 1)); [ $i -lt 240 ] || exit 15; sleep 1
+while [ "$(cat /sys/class/net/eth0/carrier)" = 1 ]; do
+  i=$((i + 1)); [ $i -lt 600 ] || exit 15
+  ping -c 1 -W 1 192.168.77.1 > /dev/null 2>&1
+  sleep 0.5
 done
+mark LINK "$(cat /sys/class/net/eth0/operstate)"
+if wget -q -T 3 -O /tmp/x http://192.168.77.1:8080/from-l1.bin 2>/dev/null; then
+  mark AFTER-DOWN fetched
+else
+  mark AFTER-DOWN failed
+fi
 mark RX-PACKETS "$(cat /sys/class/net/eth0/statistics/rx_packets)"
 mark TX-PACKETS "$(cat /sys/class/net/eth0/statistics/tx_packets)"
 mark RX-ERRORS "$(cat /sys/class/net/eth0/statistics/rx_errors)"
@@ -79,7 +91,7 @@ SH
 L2_MODULES=virtio_pci,virtio_net
 log=/tmp/net-l2.log
 echo "--- one L2 guest on tap0"
-l2_start "$log" "$GUEST_INITRD" "$SCRIPT" --net "tap=tap0,mac=$MAC"
+l2_start "$log" "$GUEST_INITRD" "$SCRIPT" --net "tap=tap0,mac=$MAC" --api-sock "$W/api.sock"
 wait_for_line_pid "$log" DENSEVM-NET-READY 400 "$L2_PID"
 ready=$?
 l2_follow "$log"
@@ -89,18 +101,44 @@ if [ "$ready" != 0 ]; then
   tail -n 20 "$log"
   fail "the guest did not get to serving its file (status $ready)"
 fi
-t0=$(uptime_s)
-wget -q -O from-l2.bin http://192.168.77.2:8080/from-l2.bin || {
-  kill -9 "$L2_PID"
-  fail "L1 could not fetch from the guest"
+fetch_from_guest() { # fetch_from_guest OUT
+  t0=$(uptime_s)
+  _i=0
+  until wget -q -T 20 -O "$1" http://192.168.77.2:8080/from-l2.bin; do
+    _i=$((_i + 1))
+    [ $_i -lt 5 ] || { kill -9 "$L2_PID"; fail "L1 could not fetch from the guest"; }
+    sleep 2
+  done
+  echo "L1 fetched 4 MiB from the guest in $(awk -v a="$t0" -v b="$(uptime_s)" 'BEGIN { print b - a }') s"
 }
-echo "L1 fetched 4 MiB from the guest in $(awk -v a="$t0" -v b="$(uptime_s)" 'BEGIN { print b - a }') s"
-echo done > www/done
-l2_wait "$log" "the net guest" 300
-
+fetch_from_guest from-l2.bin
 same "the guest's eth0 has the MAC given with --net" "$MAC" "$(guest_value "$log" MAC)"
 same "guest <- L1: sha256 of the 4 MiB file matches ($(guest_value "$log" FETCH-S) s)" "$l1_sum" "$(guest_value "$log" GOT-SUM)"
-same "L1 <- guest: sha256 of the 4 MiB file matches" "$(guest_value "$log" L2-SUM)" "$(sha256sum < from-l2.bin | cut -d' ' -f1)"
+l2_sum=$(guest_value "$log" L2-SUM)
+same "L1 <- guest: sha256 of the 4 MiB file matches" "$l2_sum" "$(sha256sum < from-l2.bin | cut -d' ' -f1)"
+
+# ---- snapshot, restore in a new densevm -------------------------------------------------
+densevm vm pause --api-sock "$W/api.sock" > /dev/null || fail "pause"
+densevm vm snapshot --api-sock "$W/api.sock" --dir "$W/snap" --json > snap.json || fail "snapshot: $(cat snap.json)"
+kill -9 "$L2_PID"
+wait "$L2_PID" 2>/dev/null
+echo "ok: snapshot of the VM ($(json_number snap.json ms) ms), its densevm killed"
+log=/tmp/net-restored.log
+densevm run --restore "$W/snap" > "$log" 2>&1 &
+L2_PID=$!
+L2_LINES=0
+L2_START=$(cut -d. -f1 /proc/uptime)
+fetch_from_guest again.bin
+same "after the restore, L1 <- guest: sha256 matches again" "$l2_sum" "$(sha256sum < again.bin | cut -d' ' -f1)"
+
+# ---- the tap vanishes ------------------------------------------------------------------------
+ip link del tap0 || fail "ip link del tap0"
+echo "tap0 deleted under the restored VM"
+l2_wait "$log" "the restored guest" 300
+same "the guest's link went down with the tap" down "$(guest_value "$log" LINK)"
+same "nothing gets through once the tap is gone" failed "$(guest_value "$log" AFTER-DOWN)"
+grep -q "tap 'tap0' failed" "$log" || { tail -n 20 "$log"; fail "densevm did not log the tap's failure"; }
+echo "ok: densevm logged: $(grep -m1 "tap 'tap0' failed" "$log" | cut -c1-200)"
 same "no receive errors in the guest" 0 "$(guest_value "$log" RX-ERRORS)"
 feat=$(guest_value "$log" FEATURES)
 # Bits: 0 CSUM, 1 GUEST_CSUM, 5 MAC, 7/8 GUEST_TSO4/6, 11/12 HOST_TSO4/6, 15 MRG_RXBUF, 16 STATUS.
