@@ -13,7 +13,7 @@
 #    down and ends normally, densevm logs the failure and exits 0.
 . "$LAB_SRC/lib/test-lib.sh"
 need_l2_densevm
-need_cmd tunctl ip httpd wget sha256sum
+need_cmd tunctl ip httpd wget sha256sum timeout
 [ -c /dev/net/tun ] || fail "/dev/net/tun missing in L1 (the tun module: lab/l1/modules.txt)"
 W=/tmp/net
 tmpfs_workdir "$W"
@@ -78,7 +78,7 @@ while [ "$(cat /sys/class/net/eth0/carrier)" = 1 ]; do
   sleep 0.5
 done
 mark LINK "$(cat /sys/class/net/eth0/operstate)"
-if wget -q -T 3 -O /tmp/x http://192.168.77.1:8080/from-l1.bin 2>/dev/null; then
+if timeout 5 wget -q -O /tmp/x http://192.168.77.1:8080/from-l1.bin 2>/dev/null; then
   mark AFTER-DOWN fetched
 else
   mark AFTER-DOWN failed
@@ -104,7 +104,7 @@ fi
 fetch_from_guest() { # fetch_from_guest OUT
   t0=$(uptime_s)
   _i=0
-  until wget -q -T 20 -O "$1" http://192.168.77.2:8080/from-l2.bin; do
+  until timeout 60 wget -q -O "$1" http://192.168.77.2:8080/from-l2.bin; do
     _i=$((_i + 1))
     [ $_i -lt 5 ] || { kill -9 "$L2_PID"; fail "L1 could not fetch from the guest"; }
     sleep 2
