@@ -24,7 +24,8 @@ impl RxState {
     /// No frame waiting.
     pub fn new() -> Self {
         RxState {
-            buf: vec![0; HDR_LEN + MAX_FRAME],
+            // One byte more than the largest frame: a read that fills it was oversized.
+            buf: vec![0; HDR_LEN + MAX_FRAME + 1],
             pending: None,
         }
     }
@@ -205,7 +206,8 @@ pub fn receive(
                     }
                 },
             };
-            if len < HDR_LEN {
+            if !(HDR_LEN..=HDR_LEN + MAX_FRAME).contains(&len) {
+                // A runt without a header, or a frame over MAX_FRAME (cut by the read).
                 NetStats::add(&stats.rx_dropped, 1);
                 continue;
             }

@@ -234,6 +234,32 @@ fn rx_hostile_chains_are_completed_unused_and_the_frame_goes_on() {
 }
 
 #[test]
+fn rx_oversized_and_runt_frames_from_the_tap_are_dropped() {
+    let (mut mq, mut q) = rx_mock();
+    let (tap, peer) = socket_tap();
+    let irq = RecordingInterrupt::default();
+    let mut st = rx::RxState::new();
+    let s = stats();
+    for _ in 0..20 {
+        mq.add_request(&[], &[4096]);
+    }
+    send(&peer, &frame(MAX_FRAME + 1, 1));
+    send(&peer, &[0u8; 5]);
+    send(&peer, &frame(MAX_FRAME, 2));
+    rx::receive(&mut q, &mq.mem, &irq, &tap, &mut st, true, &s).unwrap();
+    assert_eq!(NetStats::get(&s.rx_dropped), 2);
+    assert_eq!(
+        NetStats::get(&s.rx_packets),
+        1,
+        "the largest legal frame goes"
+    );
+    assert_eq!(
+        mq.used().iter().map(|&(_, l)| l as usize).sum::<usize>(),
+        HDR_LEN + MAX_FRAME
+    );
+}
+
+#[test]
 fn rx_a_ring_too_small_for_a_frame_drops_it_instead_of_waiting_forever() {
     let mq = MockQueue::new(guest_memory(MEM), RX_BASE, 4);
     let mut mq = mq;
