@@ -281,6 +281,52 @@ mod tests {
         }
     }
 
+    /// Records the indexes it is called with; polls `fd` besides its eventfd.
+    struct Polling {
+        fd: std::os::fd::RawFd,
+        calls: Arc<std::sync::Mutex<Vec<usize>>>,
+    }
+    impl QueueHandler for Polling {
+        fn handle_queue(&mut self, index: usize) {
+            self.calls.lock().unwrap().push(index);
+        }
+        fn poll_fds(&self) -> Vec<std::os::fd::RawFd> {
+            vec![self.fd]
+        }
+    }
+
+    #[test]
+    fn poll_fds_are_handled_after_the_queues_once_per_readiness() {
+        let event = EventFd::new(libc::EFD_NONBLOCK).unwrap();
+        let other = EventFd::new(libc::EFD_NONBLOCK).unwrap();
+        let calls = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let handler = Polling {
+            fd: other.as_raw_fd(),
+            calls: calls.clone(),
+        };
+        let w = Worker::spawn("test-poll", vec![event], handler).unwrap();
+        let wait_for = |n: usize| {
+            let t = Instant::now();
+            while calls.lock().unwrap().len() < n && t.elapsed() < Duration::from_secs(5) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        };
+        wait_for(1);
+        // Edge-triggered and left unread: one call for the one write.
+        other.write(1).unwrap();
+        wait_for(2);
+        std::thread::sleep(Duration::from_millis(30));
+        other.write(1).unwrap();
+        wait_for(3);
+        std::thread::sleep(Duration::from_millis(30));
+        drop(w.stop());
+        assert_eq!(
+            *calls.lock().unwrap(),
+            vec![0, 1, 1],
+            "start-up call, then index 1 per write"
+        );
+    }
+
     #[test]
     fn tick_runs_timed_work_without_notifications() {
         assert_eq!(epoll_timeout(None), -1);
