@@ -16,12 +16,13 @@
 //!   around a snapshot);
 //! - `state.rs` — [`StateError`] and [`QueuePosition`]: saving and restoring devices;
 //! - `transport/pci.rs` — virtio-pci (modern, MSI-X);
-//! - `balloon/`, `block/`, `pmem/`, `p9/`, `rng/`, `vsock/` — the devices.
+//! - `balloon/`, `block/`, `net/`, `pmem/`, `p9/`, `rng/`, `vsock/` — the devices.
 
 pub mod balloon;
 pub mod block;
 pub mod device;
 pub mod interrupt;
+pub mod net;
 pub mod p9;
 pub mod pmem;
 pub mod queue;
@@ -42,6 +43,8 @@ pub type Mem = vm_memory::GuestMemoryMmap;
 
 /// Virtio device type numbers (virtio 1.2 §5).
 pub mod device_type {
+    /// virtio-net.
+    pub const NET: u32 = 1;
     /// virtio-blk.
     pub const BLOCK: u32 = 2;
     /// virtio-rng (entropy).

@@ -21,6 +21,7 @@ pub struct QueuePosition {
 /// The name of a virtio device type, for messages.
 pub fn device_name(device_type: u32) -> &'static str {
     match device_type {
+        device_type::NET => "virtio-net",
         device_type::BLOCK => "virtio-blk",
         device_type::RNG => "virtio-rng",
         device_type::BALLOON => "virtio-balloon",

@@ -35,6 +35,15 @@ pub trait QueueHandler: Send + 'static {
 
     /// The [`extra_fd`](Self::extra_fd) is readable.
     fn handle_fd(&mut self) {}
+
+    /// Other file descriptors the worker waits on besides the queues' eventfds (a tap),
+    /// registered edge-triggered for input: when fd `i` of this list becomes readable (or
+    /// fails) the worker calls `handle_queue(queues + i)`, where `queues` is the number of
+    /// eventfds. The handler reads them itself, until `EAGAIN` (edge-triggered: a readiness
+    /// it leaves unread is not reported again until new data arrives). Asked once per start.
+    fn poll_fds(&self) -> Vec<std::os::fd::RawFd> {
+        Vec::new()
+    }
 }
 
 /// An `epoll_wait` timeout in milliseconds for `wait` (rounded up, so a deadline is never
@@ -90,6 +99,17 @@ impl<H: QueueHandler> Worker<H> {
                 EpollEvent::new(EventSet::IN, EXTRA_TOKEN),
             )?;
         }
+        let extra = handler.poll_fds();
+        for (i, fd) in extra.iter().enumerate() {
+            epoll.ctl(
+                ControlOperation::Add,
+                *fd,
+                EpollEvent::new(
+                    EventSet::IN | EventSet::EDGE_TRIGGERED,
+                    (events.len() + i) as u64,
+                ),
+            )?;
+        }
         let thread_kill = kill.try_clone()?;
         let thread = std::thread::Builder::new()
             .name(name.into())
@@ -98,7 +118,7 @@ impl<H: QueueHandler> Worker<H> {
                 for i in 0..events.len() {
                     handler.handle_queue(i);
                 }
-                let mut ready = vec![EpollEvent::default(); events.len() + 2];
+                let mut ready = vec![EpollEvent::default(); events.len() + extra.len() + 2];
                 let mut wait = handler.tick();
                 loop {
                     let n = match epoll.wait(epoll_timeout(wait), &mut ready) {
@@ -122,8 +142,10 @@ impl<H: QueueHandler> Worker<H> {
                         }
                         let index = token as usize;
                         // Clear the count first: a notification after this read runs the
-                        // handler again.
-                        let _ = events[index].read();
+                        // handler again. (Past the eventfds: a `poll_fds` descriptor.)
+                        if let Some(e) = events.get(index) {
+                            let _ = e.read();
+                        }
                         handler.handle_queue(index);
                     }
                     wait = handler.tick();
@@ -279,6 +301,52 @@ mod tests {
             self.ticks.fetch_add(1, Ordering::SeqCst);
             Some(Duration::from_millis(5))
         }
+    }
+
+    /// Records the indexes it is called with; polls `fd` besides its eventfd.
+    struct Polling {
+        fd: std::os::fd::RawFd,
+        calls: Arc<std::sync::Mutex<Vec<usize>>>,
+    }
+    impl QueueHandler for Polling {
+        fn handle_queue(&mut self, index: usize) {
+            self.calls.lock().unwrap().push(index);
+        }
+        fn poll_fds(&self) -> Vec<std::os::fd::RawFd> {
+            vec![self.fd]
+        }
+    }
+
+    #[test]
+    fn poll_fds_are_handled_after_the_queues_once_per_readiness() {
+        let event = EventFd::new(libc::EFD_NONBLOCK).unwrap();
+        let other = EventFd::new(libc::EFD_NONBLOCK).unwrap();
+        let calls = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let handler = Polling {
+            fd: other.as_raw_fd(),
+            calls: calls.clone(),
+        };
+        let w = Worker::spawn("test-poll", vec![event], handler).unwrap();
+        let wait_for = |n: usize| {
+            let t = Instant::now();
+            while calls.lock().unwrap().len() < n && t.elapsed() < Duration::from_secs(5) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        };
+        wait_for(1);
+        // Edge-triggered and left unread: one call for the one write.
+        other.write(1).unwrap();
+        wait_for(2);
+        std::thread::sleep(Duration::from_millis(30));
+        other.write(1).unwrap();
+        wait_for(3);
+        std::thread::sleep(Duration::from_millis(30));
+        drop(w.stop());
+        assert_eq!(
+            *calls.lock().unwrap(),
+            vec![0, 1, 1],
+            "start-up call, then index 1 per write"
+        );
     }
 
     #[test]

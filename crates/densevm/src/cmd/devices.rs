@@ -1,9 +1,11 @@
-//! `densevm run`'s device options: `--disk`, `--share`, `--rng`, `--vsock`, parsed and
+//! `densevm run`'s device options: `--disk`, `--share`, `--rng`, `--net`, `--vsock`, parsed and
 //! checked before the VM is built, so a bad option never starts a guest.
 
 use anyhow::{bail, Context};
 use densevm_9p::IdMap;
 use densevm_virtio::block::{Block, BlockConfig, ImageFormat};
+use densevm_virtio::net::tap::Tap;
+use densevm_virtio::net::Net;
 use densevm_virtio::p9::{ShareConfig, P9};
 use densevm_virtio::rng::Rng;
 use densevm_virtio::vsock::{Vsock, VsockConfig};
@@ -36,6 +38,41 @@ pub struct ShareSpec {
     pub uid_map: Vec<String>,
     /// Guest-to-host gid mappings.
     pub gid_map: Vec<String>,
+}
+
+/// `--net tap=NAME[,mac=MAC]`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct NetSpec {
+    /// The tap interface (it must exist).
+    pub tap: String,
+    /// The guest's MAC address (`aa:bb:cc:dd:ee:ff`); a random locally administered one
+    /// when not given, fixed in the specs so that a restore keeps it.
+    pub mac: Option<String>,
+}
+
+/// Parses one `--net` value.
+pub fn parse_net(spec: &str) -> anyhow::Result<NetSpec> {
+    let mut n = NetSpec {
+        tap: String::new(),
+        mac: None,
+    };
+    for o in spec.split(',').filter(|o| !o.is_empty()) {
+        match o.split_once('=') {
+            Some(("tap", t)) => n.tap = t.to_string(),
+            Some(("mac", m)) => {
+                let mac = densevm_virtio::net::parse_mac(m)
+                    .map_err(|e| anyhow::anyhow!("--net {spec}: {e}"))?;
+                n.mac = Some(densevm_virtio::net::format_mac(&mac));
+            }
+            _ => bail!("--net {spec}: unknown option '{o}' (options: tap=NAME, mac=MAC)"),
+        }
+    }
+    if n.tap.is_empty() {
+        bail!(
+            "--net {spec}: name the tap, e.g. --net tap=tap0 (create it with `ip tuntap add tap0 mode tap`)"
+        );
+    }
+    Ok(n)
 }
 
 /// The longest mount tag Linux's 9p virtio transport accepts.
@@ -134,7 +171,26 @@ pub fn parse_vsock(spec: &str) -> anyhow::Result<VsockConfig> {
 
 /// Checks what can be checked across options: no two shares with one tag, no disk given
 /// twice (two devices writing one file would corrupt it).
-pub fn check_unique(disks: &[DiskSpec], shares: &[ShareSpec]) -> anyhow::Result<()> {
+pub fn check_unique(
+    disks: &[DiskSpec],
+    shares: &[ShareSpec],
+    nets: &[NetSpec],
+) -> anyhow::Result<()> {
+    let mut taps = HashSet::new();
+    for n in nets {
+        if !taps.insert(&n.tap) {
+            bail!(
+                "two --net options use tap '{}'; a tap serves one network device, give each its own",
+                n.tap
+            );
+        }
+    }
+    let mut macs = HashSet::new();
+    for m in nets.iter().filter_map(|n| n.mac.as_ref()) {
+        if !macs.insert(m) {
+            bail!("two --net options use MAC address {m}; give each its own");
+        }
+    }
     let mut tags = HashSet::new();
     for s in shares {
         if !tags.insert(&s.tag) {
@@ -184,11 +240,20 @@ pub struct DeviceSpecs {
     /// `--vsock`.
     #[serde(default)]
     pub vsock: Option<VsockConfig>,
+    /// `--net`, in order, each with its MAC address.
+    #[serde(default)]
+    pub nets: Vec<NetSpec>,
 }
 
 impl DeviceSpecs {
-    /// The specs with every path made absolute.
-    pub fn absolute(disks: &[DiskSpec], shares: &[ShareSpec], rng: bool, pmem: &[PathBuf]) -> Self {
+    /// The specs with every path made absolute and every `--net` given a MAC address.
+    pub fn absolute(
+        disks: &[DiskSpec],
+        shares: &[ShareSpec],
+        rng: bool,
+        pmem: &[PathBuf],
+        nets: &[NetSpec],
+    ) -> Self {
         let abs = |p: &PathBuf| std::path::absolute(p).unwrap_or_else(|_| p.clone());
         DeviceSpecs {
             disks: disks
@@ -208,6 +273,15 @@ impl DeviceSpecs {
             rng,
             pmem: pmem.iter().map(abs).collect(),
             vsock: None,
+            nets: nets
+                .iter()
+                .map(|n| NetSpec {
+                    tap: n.tap.clone(),
+                    mac: Some(n.mac.clone().unwrap_or_else(|| {
+                        densevm_virtio::net::format_mac(&densevm_virtio::net::random_mac())
+                    })),
+                })
+                .collect(),
         }
     }
 
@@ -222,7 +296,9 @@ impl DeviceSpecs {
 
     /// Opens the devices, with a storage handle for each disk (in `disks` order).
     pub fn open(&self) -> anyhow::Result<OpenDevices> {
-        let (mut devices, handles) = open_devices(&self.disks, &self.shares, self.rng)?;
+        // Order matters (a restore recreates the devices in the same PCI slots): disks,
+        // shares, rng, nets, then vsock.
+        let (mut devices, handles) = open_devices(&self.disks, &self.shares, self.rng, &self.nets)?;
         if let Some(v) = &self.vsock {
             let dev = Vsock::open(v.clone())
                 .with_context(|| format!("--vsock uds={}", v.uds.display()))?;
@@ -236,8 +312,9 @@ pub fn open_devices(
     disks: &[DiskSpec],
     shares: &[ShareSpec],
     rng: bool,
+    nets: &[NetSpec],
 ) -> anyhow::Result<OpenDevices> {
-    check_unique(disks, shares)?;
+    check_unique(disks, shares, nets)?;
     let mut devices: Vec<Box<dyn VirtioDevice>> = Vec::new();
     let mut handles = Vec::new();
     for d in disks {
@@ -264,6 +341,15 @@ pub fn open_devices(
     }
     if rng {
         devices.push(Box::new(Rng::new()));
+    }
+    for n in nets {
+        let mac = match &n.mac {
+            Some(m) => densevm_virtio::net::parse_mac(m)
+                .map_err(|e| anyhow::anyhow!("--net tap={}: {e}", n.tap))?,
+            None => densevm_virtio::net::random_mac(),
+        };
+        let tap = Tap::open(&n.tap).with_context(|| format!("--net tap={}", n.tap))?;
+        devices.push(Box::new(Net::new(tap, mac)));
     }
     Ok((devices, handles))
 }
@@ -308,7 +394,7 @@ mod tests {
         assert!(parse_share("/srv,tag=x,bogus").is_err());
         let a = parse_share("/a,tag=t").unwrap();
         let b = parse_share("/b,tag=t").unwrap();
-        let e = check_unique(&[], &[a, b]).unwrap_err().to_string();
+        let e = check_unique(&[], &[a, b], &[]).unwrap_err().to_string();
         assert!(e.contains("tag 't'"), "{e}");
     }
 
@@ -359,10 +445,55 @@ mod tests {
         let f = std::env::temp_dir().join(format!("densevm-disk-{}", std::process::id()));
         std::fs::write(&f, [0u8; 512]).unwrap();
         let d = parse_disk(f.to_str().unwrap()).unwrap();
-        let e = check_unique(&[d.clone(), d], &[]).unwrap_err().to_string();
+        let e = check_unique(&[d.clone(), d], &[], &[])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("given twice"), "{e}");
         std::fs::remove_file(&f).unwrap();
         // Missing files are left to the device, whose error says how to create one.
-        assert!(check_unique(&[parse_disk("/nonexistent/x").unwrap()], &[]).is_ok());
+        assert!(check_unique(&[parse_disk("/nonexistent/x").unwrap()], &[], &[]).is_ok());
+    }
+
+    #[test]
+    fn net_specs() {
+        let n = parse_net("tap=tap0,mac=06:00:AC:10:00:02").unwrap();
+        assert_eq!(n.tap, "tap0");
+        assert_eq!(n.mac.as_deref(), Some("06:00:ac:10:00:02"));
+        assert_eq!(parse_net("tap=t1").unwrap().mac, None);
+        let e = parse_net("mac=06:00:00:00:00:01").unwrap_err().to_string();
+        assert!(e.contains("ip tuntap add"), "{e}");
+        let e = parse_net("tap=t,mac=zz").unwrap_err().to_string();
+        assert!(e.contains("six hex bytes"), "{e}");
+        let e = parse_net("tap=t,mac=01:00:00:00:00:01")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("multicast"), "{e}");
+        assert!(parse_net("tap=t,bogus").is_err());
+        let e = check_unique(
+            &[],
+            &[],
+            &[parse_net("tap=a").unwrap(), parse_net("tap=a").unwrap()],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("tap 'a'"), "{e}");
+        let a = parse_net("tap=a,mac=06:00:00:00:00:01").unwrap();
+        let b = parse_net("tap=b,mac=06:00:00:00:00:01").unwrap();
+        assert!(check_unique(&[], &[], &[a, b]).is_err());
+    }
+
+    #[test]
+    fn a_missing_tap_is_a_clear_error_and_specs_keep_a_mac() {
+        let n = parse_net("tap=dvmnotap0").unwrap();
+        let specs = DeviceSpecs::absolute(&[], &[], false, &[], &[n]);
+        let mac = specs.nets[0].mac.clone().expect("a MAC is chosen");
+        densevm_virtio::net::parse_mac(&mac).unwrap();
+        let e = format!("{:#}", specs.open().err().expect("no such tap"));
+        assert!(e.contains("--net tap=dvmnotap0"), "{e}");
+        assert!(e.contains("ip tuntap add dvmnotap0 mode tap"), "{e}");
+        // Old snapshots have no nets.
+        let old: DeviceSpecs =
+            serde_json::from_str(r#"{"disks":[],"shares":[],"rng":false}"#).unwrap();
+        assert!(old.nets.is_empty());
     }
 }

@@ -87,6 +87,12 @@ pub struct RunArgs {
     /// reach the unix socket PATH_P. `densevm exec` runs commands through it (docs/vsock.md).
     #[arg(long, value_name = "cid=N,uds=PATH", value_parser = crate::cmd::devices::parse_vsock)]
     pub vsock: Option<densevm_virtio::vsock::VsockConfig>,
+    /// A virtio-net device on an existing tap interface for a Linux guest (repeatable;
+    /// eth0, eth1, ... with the virtio_net module): tap=NAME[,mac=MAC]. Create the tap
+    /// first, e.g. `ip tuntap add tap0 mode tap`; without mac= a random locally
+    /// administered address is chosen (and kept in snapshots). See docs/networking.md.
+    #[arg(long, value_name = "tap=NAME[,mac=MAC]", value_parser = crate::cmd::devices::parse_net)]
+    pub net: Vec<crate::cmd::devices::NetSpec>,
     /// A virtio-balloon device for a Linux guest (`virtio_balloon` module):
     /// amount_mib=N (initial target, default 0), deflate_on_oom[=on|off] (default off),
     /// stats_interval_s=S (guest statistics every S s, default 1; 0: none),
@@ -114,7 +120,7 @@ pub struct RunArgs {
     pub id: Option<String>,
     /// Start the VM from a snapshot directory (made by PUT /snapshot/create) instead of
     /// booting: it continues where the snapshot was taken.
-    #[arg(long, value_name = "DIR", conflicts_with_all = ["kernel", "probe", "pmem", "disk", "share", "rng", "vsock", "balloon", "memory_budget"])]
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["kernel", "probe", "pmem", "disk", "share", "rng", "net", "vsock", "balloon", "memory_budget"])]
     pub restore: Option<std::path::PathBuf>,
     /// (clones) the template's RAM file is this inherited descriptor.
     #[arg(long, hide = true, requires = "restore")]
@@ -268,15 +274,23 @@ pub fn main(args: RunArgs) -> anyhow::Result<i32> {
     if args.kernel.is_none() && args.vsock.is_some() {
         bail!("--vsock is a virtio device for a Linux guest (the probe guest has no PCI and no vsock driver): add --kernel FILE");
     }
+    if args.kernel.is_none() && !args.net.is_empty() {
+        bail!("--net is a virtio device for a Linux guest (the probe guest has no PCI): add --kernel FILE");
+    }
     if let Some(b) = &args.balloon {
         if args.kernel.is_none() {
             bail!("--balloon is a virtio device for a Linux guest (the probe guest has no PCI): add --kernel FILE");
         }
         crate::cmd::balloon::check_balloon(b, args.memory)?;
     }
-    let specs =
-        crate::cmd::devices::DeviceSpecs::absolute(&args.disk, &args.share, args.rng, &args.pmem)
-            .with_vsock(args.vsock.as_ref());
+    let specs = crate::cmd::devices::DeviceSpecs::absolute(
+        &args.disk,
+        &args.share,
+        args.rng,
+        &args.pmem,
+        &args.net,
+    )
+    .with_vsock(args.vsock.as_ref());
     let (devices, disk_handles) = specs.open()?;
     let pmem = PmemRegions::open(&specs.pmem)?;
     let config = VmConfig {

@@ -264,6 +264,12 @@ left RAM: {} zero, {} compressed, {} to swap ({} demoted); faults: {} missing, {
                     d.path.display()
                 );
             }
+            if let Some(n) = specs.nets.first() {
+                anyhow::bail!(
+                    "the snapshot's VM had --net tap={}: a tap serves one VM, so clones of it are not supported yet; restore it once with `densevm run --restore`",
+                    n.tap
+                );
+            }
             if let Some(p) = specs.pmem.first() {
                 anyhow::bail!(
                     "the snapshot's VM had a --pmem image ({}), which every clone started from the snapshot would write. Clone the running VM instead (densevm vm clone, which gives each clone an overlay)",

@@ -80,6 +80,15 @@ pub fn serve(
             }
             ApiRequest::CreateClones(req) => {
                 let arrived = std::time::Instant::now();
+                if let Some(n) = specs.nets.first() {
+                    return ApiResponse::error(
+                        400,
+                        format!(
+                            "clones of a VM with --net (tap {}) are not supported yet: a tap serves one VM and the clones would all need it",
+                            n.tap
+                        ),
+                    );
+                }
                 if let Some(d) = specs.disks.iter().find(|d| !d.readonly && !d.pcow) {
                     return ApiResponse::error(
                         400,
