@@ -220,9 +220,10 @@ fn block(flags: u8) -> Option<Block> {
 
 thread_local! {
     /// A read-only 9p export of a small directory (a file `f`, a directory `d`), made once
-    /// per thread: the fuzzer explores the transport, not the host file system.
+    /// per thread: the fuzzer explores the transport, not the host file system. One fixed
+    /// directory for every run (same contents), so runs leave nothing new behind.
     static P9_SHARE: Option<crate::p9::P9> = {
-        let dir = std::env::temp_dir().join(format!("densevm-virtio-fuzz-{}", std::process::id()));
+        let dir = std::env::temp_dir().join("densevm-virtio-fuzz-share");
         let made = std::fs::create_dir_all(dir.join("d")).and_then(|()| std::fs::write(dir.join("f"), b"fuzz"));
         made.ok().and_then(|()| {
             let mut cfg = crate::p9::ShareConfig::new(&dir, "fuzz");

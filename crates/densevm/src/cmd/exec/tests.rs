@@ -5,19 +5,30 @@ use super::*;
 use std::process::{Child, Command};
 use std::sync::OnceLock;
 
-/// Builds the agent once per test process.
+/// Builds the agent once per test process, named by a hash of its source: runs of the same
+/// source reuse one binary instead of leaving one per run in the temp directory.
 fn agent_binary() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../lab/guest/agent.c");
-        let out = std::env::temp_dir().join(format!("densevm-agent-test-{}", std::process::id()));
+        let text = std::fs::read(&src).expect("lab/guest/agent.c");
+        let hash = text.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+            (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+        });
+        let out = std::env::temp_dir().join(format!("densevm-agent-test-{hash:016x}"));
+        if out.exists() {
+            return out;
+        }
+        // Built under a private name, then renamed: a parallel run never sees half a file.
+        let tmp = std::env::temp_dir().join(format!("densevm-agent-build-{}", std::process::id()));
         let status = Command::new("cc")
             .args(["-O2", "-Wall", "-Werror", "-o"])
-            .arg(&out)
+            .arg(&tmp)
             .arg(&src)
             .status()
             .expect("the host C compiler (cc) builds lab/guest/agent.c for this test");
         assert!(status.success(), "cc failed on {}", src.display());
+        std::fs::rename(&tmp, &out).expect("rename the agent binary into place");
         out
     })
 }
