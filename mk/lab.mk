@@ -3,6 +3,7 @@
 #   make lab          boot the lab once and run LAB_SCRIPT (default: the QEMU L2 proof)
 #   make test-lab     every lab/tests/*.sh in its own lab run
 #   make bench-lab    boot-density benchmark: densevm vs QEMU (BENCH_VMMS, BENCH_COUNTS, BENCH_KSM)
+#   make bench-net    virtio-net (TCP both ways, ping rate) densevm vs QEMU; exec vs console
 #   make bench-virtio virtio devices, densevm vs QEMU: 9p tree copy, blk sequential and random
 #                     I/O, VMM memory (BENCH_VIRTIO_VMMS, BENCH_TREE_FILES, BENCH_DISK_MB, ...)
 LAB_DENSEVM ?= $(abspath $(or $(CARGO_TARGET_DIR),target))/release/densevm
@@ -75,8 +76,19 @@ bench-clones: guest
 	DENSEVM=$(LAB_DENSEVM) LAB_TIMEOUT=$${LAB_TIMEOUT:-3600} lab/run lab/bench/clones.sh > build/lab/clones.txt; \
 	  status=$$?; cat build/lab/clones.txt; exit $$status
 
+# make bench-net: virtio-net and `densevm exec` (issue #14): TCP throughput both ways and
+# ping -A round trips, densevm against QEMU 7.2 (tap, vhost off; vhost on when L1 has
+# /dev/vhost-net), and densevm exec round trips against console round trips (knobs
+# BENCH_NET_VMMS, BENCH_NET_MB, BENCH_NET_PINGS, BENCH_EXEC_N). One L1 run; results also
+# land in build/lab/net.txt.
+.PHONY: bench-net
+bench-net: guest
+	@mkdir -p build/lab
+	DENSEVM=$(LAB_DENSEVM) LAB_TIMEOUT=$${LAB_TIMEOUT:-1800} lab/run lab/bench/net.sh > build/lab/net.txt; \
+	  status=$$?; cat build/lab/net.txt; exit $$status
+
 TEST_TARGETS += test-lab
-BENCH_TARGETS += bench-lab bench-virtio bench-clones
+BENCH_TARGETS += bench-lab bench-virtio bench-clones bench-net
 
 # make bench-density: how many idle 256 MiB VMs running the same workload one L1 holds
 # before its MemAvailable falls under 256 MiB, QEMU 7.2 (free-page-reporting=on) against the

@@ -129,11 +129,13 @@ need_l2_densevm() {
 
 # ---- L2 VMs with virtio devices (lab/tests/virtio-devices.sh, lab/bench/virtio.sh) ----
 # Devices are given as densevm run flags: --disk PATH[,readonly][,format=raw|pcow],
-# --share DIR,tag=TAG[,readonly], --pmem IMAGE, --rng. L2_VMM=qemu runs the same VM under
+# --share DIR,tag=TAG[,readonly], --pmem IMAGE, --rng, --net tap=NAME[,mac=MAC]. L2_VMM=qemu runs the same VM under
 # QEMU 7.2 (the peer) with the equivalent devices: -drive if=virtio,format=raw,
 # cache=writeback (L1's tmpfs has no O_DIRECT, so no cache=none; densevm's virtio-blk also
 # goes through the host page cache), -virtfs local,security_model=none, virtio-pmem-pci on a
-# memory-backend-file (raw images only), virtio-rng-pci from /dev/urandom. Paths must not
+# memory-backend-file (raw images only), virtio-rng-pci from /dev/urandom, -netdev tap with
+# virtio-net-pci (vhost=$L2_QEMU_VHOST, default off). L2_APPEND: extra guest kernel command
+# line words (e.g. densevm.agent). Paths must not
 # contain spaces or commas.
 L2_VMM="${L2_VMM:-densevm}"
 L2_QEMU_ACCEL="${L2_QEMU_ACCEL:--enable-kvm -cpu host}"
@@ -209,6 +211,14 @@ qemu_device_args() {
       --rng)
         echo "-object rng-random,filename=/dev/urandom,id=rng$_n -device virtio-rng-pci,rng=rng$_n"
         shift ;;
+      --net)
+        # tap=NAME[,mac=MAC]: a tap opened by QEMU (vnet_hdr), vhost-net per $L2_QEMU_VHOST
+        # (off by default); romfile= because L1 carries no option ROMs.
+        _tap=$(echo "$2" | sed -n 's/^tap=\([^,]*\).*/\1/p')
+        _mac=$(echo "$2" | sed -n 's/.*,mac=\([^,]*\).*/\1/p')
+        echo "-netdev tap,id=net$_n,ifname=$_tap,script=no,downscript=no,vhost=${L2_QEMU_VHOST:-off}"
+        echo "-device virtio-net-pci,netdev=net$_n,romfile=${_mac:+,mac=$_mac}"
+        shift 2 ;;
       *) fail "qemu_device_args: unknown flag $1" ;;
     esac
   done
@@ -222,7 +232,7 @@ l2_start() {
   _log=$1 _initrd=$2
   _b64=$(printf '%s\n' "$3" | gzip -9 | base64 | tr -d '\n')
   shift 3
-  _cmd="console=ttyS0 panic=-1 quiet modules=$L2_MODULES densevm.script=$_b64"
+  _cmd="console=ttyS0 panic=-1 quiet modules=$L2_MODULES${L2_APPEND:+ $L2_APPEND} densevm.script=$_b64"
   [ ${#_cmd} -le 2040 ] || fail "guest script too long: the command line would be ${#_cmd} bytes (limit 2047)"
   : > "$_log"
   rm -f "$_log.json"

@@ -1,0 +1,182 @@
+#!/bin/sh
+# Networking and exec benchmark (issue #14), run inside L1 by `make bench-net`
+# (lab/run lab/bench/net.sh). One L1 run, one L2 boot per VMM in $BENCH_NET_VMMS
+# (default "densevm qemu qemu-vhost"): the Debian L2 kernel (vmlinux via PVH, 256 MiB,
+# 1 vCPU) with one virtio-net on L1's tap0 (192.168.77.1/24; the guest is .2):
+#   densevm     --net tap=tap0,mac=...  (plus --vsock and the guest agent, for exec below)
+#   qemu        -netdev tap,ifname=tap0,script=no,downscript=no,vhost=off -device virtio-net-pci
+#   qemu-vhost  the same with vhost=on (only when /dev/vhost-net exists in L1)
+# Measured (busybox on both sides, times taken by the side that finishes):
+#   guest -> L1 TCP: dd $BENCH_NET_MB MiB of zeros (64 KiB blocks) | nc L1 5001, L1 runs nc -l;
+#   L1 -> guest TCP: L1 serves $BENCH_NET_MB MiB with nc -l -p 5002, the guest reads it with nc;
+#   small packets: ping -A (next request as soon as the reply is in) -c $BENCH_NET_PINGS,
+#     guest -> L1 and L1 -> guest: round trips per second (each one 84-byte ICMP packet each way).
+# exec (densevm only, same boot): $BENCH_EXEC_N runs of `densevm exec --no-stdin -- true`
+# against $BENCH_EXEC_N console round trips (`densevm console --send 'echo ...' --wait-for`),
+# each a fresh densevm process, timed by bash's EPOCHREALTIME in L1: medians and their ratio.
+# Everything is nested (L1 is QEMU TCG): compare the ratios, not the absolute figures.
+. "$LAB_SRC/lib/test-lib.sh"
+need_l2_densevm
+need_cmd tunctl ip nc ping bash
+[ -c /dev/net/tun ] || fail "/dev/net/tun missing in L1 (the tun module: lab/l1/modules.txt)"
+VMMS="${BENCH_NET_VMMS:-densevm qemu qemu-vhost}"
+MB="${BENCH_NET_MB:-64}"
+PINGS="${BENCH_NET_PINGS:-2000}"
+EXEC_N="${BENCH_EXEC_N:-20}"
+W=/tmp/bench-net
+tmpfs_workdir "$W"
+MAC=06:00:c0:a8:4d:02
+el() { awk -v a="$1" -v b="$(uptime_s)" 'BEGIN { printf "%.2f", b - a }'; }
+
+echo "# net + exec: $(date -u +%Y-%m-%dT%H:%MZ), L1 $(nproc) vCPUs, load $(cut -d' ' -f1-3 /proc/loadavg), kernel $GUEST_KERNEL_RELEASE, VMMs: $VMMS, $MB MiB per TCP transfer, $PINGS pings"
+tunctl -t tap0 > /dev/null || fail "tunctl -t tap0"
+ip addr add 192.168.77.1/24 dev tap0 || fail "ip addr add on tap0"
+ip link set tap0 up || fail "ip link set tap0 up"
+# A fifo held open for writing: an nc reading it never sees EOF (busybox nc shuts its
+# sending half, and the peer then ends, as soon as its stdin ends).
+mkfifo "$W/hold" || fail "mkfifo"
+exec 7<> "$W/hold"
+
+GUEST=$(printf '%s\n' "$GUEST_FNS"; cat <<SH
+el() { awk -v a="\$1" -v b="\$(now)" 'BEGIN { printf "%.2f", b - a }'; }
+wait_dev /sys/class/net/eth0
+ip link set lo up
+ip addr add 192.168.77.2/24 dev eth0 || exit 10
+ip link set eth0 up || exit 11
+i=0; until ping -c 1 -W 1 192.168.77.1 > /dev/null 2>&1; do i=\$((i + 1)); [ \$i -lt 60 ] || exit 12; done
+mkfifo /tmp/hold; exec 3<> /tmp/hold
+step tx
+t=\$(now); dd if=/dev/zero bs=64k count=$((MB * 16)) 2> /dev/null | timeout 600 nc 192.168.77.1 5001 || exit 13
+mark TX-S "\$(el \$t)"
+step rx
+t=\$(now); n=\$(timeout 600 nc 192.168.77.1 5002 < /tmp/hold | wc -c); mark RX-S "\$(el \$t)"; mark RX-BYTES "\$n"
+step ping
+t=\$(now); ping -A -q -c $PINGS 192.168.77.1 > /tmp/p 2>&1 || { cat /tmp/p; exit 14; }
+mark PING-S "\$(el \$t)"; mark PING-RECV "\$(sed -n 's/.* \([0-9]*\) packets received.*/\1/p' /tmp/p)"
+echo DENSEVM-NET-DONE
+timeout 900 nc -l -p 5003 < /tmp/hold > /dev/null
+if grep -q densevm.agent /proc/cmdline; then
+  echo READY-FOR-INPUT
+  while read -r line; do eval "\$line"; done
+fi
+exit 0
+SH
+)
+
+bench_vmm() { # bench_vmm NAME: one boot; KEY=VALUE results in $W/res.NAME
+  res="$W/res.$1"
+  : > "$res"
+  export L2_MODULES=virtio_pci,virtio_net L2_MEM=256M
+  extra=""
+  case $1 in
+    densevm) L2_VMM=densevm; L2_APPEND=densevm.agent
+      extra="--vsock cid=3,uds=$W/v.sock --api-sock $W/api.sock --console-sock $W/console.sock" ;;
+    qemu) L2_VMM=qemu L2_QEMU_VHOST=off L2_APPEND= ;;
+    qemu-vhost) L2_VMM=qemu L2_QEMU_VHOST=on L2_APPEND=
+      [ -c /dev/vhost-net ] || modprobe vhost_net 2> /dev/null
+      [ -c /dev/vhost-net ] || { echo "# qemu-vhost: no /dev/vhost-net in L1, skipped"; return 0; } ;;
+  esac
+  export L2_VMM L2_QEMU_VHOST L2_APPEND
+  rm -f "$W"/*.sock "$W/rx"
+  # L1's ends: a receiver for guest -> L1, a sender for L1 -> guest (both wait for the guest).
+  (nc -l -p 5001 < "$W/hold" | wc -c > "$W/rx") &
+  rxpid=$!
+  (dd if=/dev/zero bs=64k count=$((MB * 16)) 2> /dev/null | nc -l -p 5002 > /dev/null) &
+  txpid=$!
+  log="$W/$1.log"
+  echo "# $1: boot"
+  # shellcheck disable=SC2086
+  l2_start "$log" "$GUEST_INITRD" "$GUEST" --net "tap=tap0,mac=$MAC" $extra
+  vm=$L2_PID
+  echo "$vm" > "$W/vm.pid"
+  wait_for_line_pid "$log" DENSEVM-NET-DONE 900 "$vm"
+  st=$?
+  l2_follow "$log"
+  if [ $st != 0 ]; then
+    kill -9 "$vm" 2> /dev/null; kill $rxpid $txpid 2> /dev/null
+    cat "$log.err" 2> /dev/null | tail -n 5
+    fail "$1: the guest did not finish its network measurements (status $st)"
+  fi
+  wait $rxpid
+  got=$(cat "$W/rx")
+  [ "$got" = $((MB * 1048576)) ] || fail "$1: L1 received $got bytes, not $((MB * 1048576))"
+  [ "$(guest_value "$log" RX-BYTES)" = $((MB * 1048576)) ] || fail "$1: the guest received $(guest_value "$log" RX-BYTES) bytes"
+  for k in TX-S RX-S PING-S; do echo "$k=$(guest_value "$log" $k)" | tr - _ >> "$res"; done
+  [ "$(guest_value "$log" PING-RECV)" = "$PINGS" ] || echo "# $1: guest ping: $(guest_value "$log" PING-RECV) of $PINGS replies"
+  t=$(uptime_s)
+  ping -A -q -c "$PINGS" 192.168.77.2 > ping.out 2>&1 || { cat ping.out; fail "$1: L1 -> guest ping"; }
+  echo "L1PING_S=$(el "$t")" >> "$res"
+  i=0; until echo x | nc 192.168.77.2 5003 > /dev/null 2>&1; do i=$((i + 1)); [ $i -lt 30 ] || fail "$1: cannot reach the guest's port 5003"; sleep 1; done
+  if [ "$1" = densevm ]; then
+    wait_for_line_pid "$log" READY-FOR-INPUT 120 "$vm" || fail "densevm: the guest did not get to its console loop"
+    densevm exec --api-sock "$W/api.sock" --wait 120 --no-stdin -- true || fail "densevm exec true: exit $?"
+    densevm console --sock "$W/console.sock" --send='echo W-$((1000+1))\n' --wait-for=W-1001 --console-file "$log" \
+      --timeout 120 > /dev/null || fail "console warm-up: no W-1001"
+    # shellcheck disable=SC2016
+    bash -c '
+      n=$1 api=$2 sock=$3 log=$4
+      us() { echo $(( ${1/./} )); }
+      for i in $(seq 1 "$n"); do
+        s=$EPOCHREALTIME; densevm exec --api-sock "$api" --no-stdin -- true || exit 1; e=$EPOCHREALTIME
+        echo "exec $(( $(us $e) - $(us $s) ))"
+        k=$((2000 + i))
+        s=$EPOCHREALTIME
+        densevm console --sock "$sock" --send="echo C-\$(($k+1))\n" --wait-for="C-$((k + 1))" --console-file "$log" --timeout 60 > /dev/null || exit 2
+        e=$EPOCHREALTIME
+        echo "console $(( $(us $e) - $(us $s) ))"
+      done' rt "$EXEC_N" "$W/api.sock" "$W/console.sock" "$log" > rt.txt || { cat rt.txt; fail "exec/console round trips: status $?"; }
+    med() { awk -v k="$1" '$1 == k { print $2 }' rt.txt | sort -n | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+    echo "EXEC_US=$(med exec)" >> "$res"
+    echo "CONSOLE_US=$(med console)" >> "$res"
+    echo "# exec true, us: $(awk '$1 == "exec" { printf "%s ", $2 }' rt.txt)"
+    echo "# console, us:   $(awk '$1 == "console" { printf "%s ", $2 }' rt.txt)"
+    densevm console --sock "$W/console.sock" --send='exit 0\n' --timeout 10 > /dev/null 2>&1
+  fi
+  l2_wait "$log" "$1" 300
+  wait $txpid 2> /dev/null
+}
+
+failed=""
+for vmm in $VMMS; do
+  if ! (bench_vmm "$vmm"); then
+    failed="$failed $vmm"
+    kill -9 "$(cat "$W/vm.pid" 2> /dev/null)" 2> /dev/null
+    sleep 1
+    echo "# $vmm FAILED (see the FAIL line above)"
+  fi
+done
+
+val() { [ -f "$W/res.$1" ] && sed -n "s/^$2=//p" "$W/res.$1" | head -n 1; }
+row() { # row LABEL KEY AWK-EXPR(v): densevm | QEMU vhost=off | densevm/QEMU | QEMU vhost=on
+  d=$(val densevm "$2"); q=$(val qemu "$2"); h=$(val qemu-vhost "$2")
+  awk -v label="$1" -v d="$d" -v q="$q" -v h="$h" -v mb="$MB" -v n="$PINGS" "
+    function f(v) { return $3 }
+    BEGIN {
+      dv = (d == \"\") ? \"n/a\" : sprintf(\"%.1f\", f(d))
+      qv = (q == \"\") ? \"n/a\" : sprintf(\"%.1f\", f(q))
+      hv = (h == \"\") ? \"n/a\" : sprintf(\"%.1f\", f(h))
+      r = (d == \"\" || q == \"\" || f(q) == 0) ? \"n/a\" : sprintf(\"%.2f\", f(d) / f(q))
+      printf \"| %s | %s | %s | %s | %s |\n\", label, dv, qv, r, hv
+    }"
+}
+echo
+echo "| metric (higher is better) | densevm | QEMU 7.2 vhost=off | densevm/QEMU | QEMU 7.2 vhost=on |"
+echo "|---|---:|---:|---:|---:|"
+row "TCP guest -> L1, MiB/s" TX_S "mb / v"
+row "TCP L1 -> guest, MiB/s" RX_S "mb / v"
+row "ping -A guest -> L1, round trips/s" PING_S "n / v"
+row "ping -A L1 -> guest, round trips/s" L1PING_S "n / v"
+e=$(val densevm EXEC_US); c=$(val densevm CONSOLE_US)
+echo
+echo "| densevm, median of $EXEC_N | ms |"
+echo "|---|---:|"
+awk -v e="$e" -v c="$c" 'BEGIN {
+  printf "| densevm exec -- true | %s |\n", e == "" ? "n/a" : sprintf("%.1f", e / 1000)
+  printf "| console round trip (densevm console --send/--wait-for) | %s |\n", c == "" ? "n/a" : sprintf("%.1f", c / 1000)
+  printf "| ratio exec / console | %s |\n", (e == "" || c == "" || c == 0) ? "n/a" : sprintf("%.2f", e / c)
+}'
+if [ -n "$failed" ]; then
+  echo
+  echo "FAIL: the benchmark did not complete for:$failed"
+  exit 1
+fi
