@@ -30,17 +30,15 @@ pub struct TierSettings {
     pub swap_dir: PathBuf,
 }
 
-/// Checks a budget for a VM with `memory_bytes` of RAM.
-pub fn check_budget(budget: u64, memory_bytes: u64) -> Result<(), String> {
+/// Checks a budget (a budget above the VM's RAM is allowed: the tier then has nothing to
+/// do until it is lowered).
+pub fn check_budget(budget: u64) -> Result<(), String> {
     if budget < MIN_BUDGET {
         return Err(format!(
             "a memory budget of {} KiB is below the {} MiB minimum",
             budget >> 10,
             MIN_BUDGET >> 20
         ));
-    }
-    if budget > memory_bytes {
-        tracing::debug!("memory budget above the VM's RAM: the tier will have nothing to do");
     }
     Ok(())
 }
@@ -51,7 +49,7 @@ pub fn start(
     ram: &mut RamFile,
     settings: &TierSettings,
 ) -> Result<(), VmmError> {
-    check_budget(settings.budget, u64::MAX).map_err(VmmError::Config)?;
+    check_budget(settings.budget).map_err(VmmError::Config)?;
     let file = match (&ram.file, ram.shared) {
         (Some(file), true) => file.clone(),
         _ => {
@@ -103,7 +101,7 @@ impl TierHandle {
 
     /// Sets a new budget in bytes.
     pub fn set_budget(&self, bytes: u64) -> Result<(), String> {
-        check_budget(bytes, u64::MAX)?;
+        check_budget(bytes)?;
         match lock_ram(&self.ram).tier.as_ref() {
             Some(t) => {
                 t.set_budget(bytes);
@@ -238,6 +236,6 @@ mod tests {
         };
         let e = start(&memory, &mut ram, &settings).unwrap_err().to_string();
         assert!(e.contains("--merge all"), "{e}");
-        assert!(check_budget(MIB, 64 * MIB).unwrap_err().contains("minimum"));
+        assert!(check_budget(MIB).unwrap_err().contains("minimum"));
     }
 }

@@ -22,7 +22,7 @@ pub fn parse_memory_budget(spec: &str) -> anyhow::Result<TierSettings> {
         })
     };
     let budget = size_of("the budget", size)?;
-    densevm_vmm::tiering::check_budget(budget, u64::MAX)
+    densevm_vmm::tiering::check_budget(budget)
         .map_err(|e| anyhow::anyhow!("--memory-budget {spec}: {e}"))?;
     let mut settings = TierSettings {
         budget,
