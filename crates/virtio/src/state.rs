@@ -219,6 +219,26 @@ impl StateError {
         }
     }
 
+    /// The checks every device makes before it takes a saved state: it must not be serving
+    /// yet, and the features the saved driver acked must be ones it offers.
+    pub fn check_restore(
+        device_type: u32,
+        active: bool,
+        acked: u64,
+        offered: u64,
+    ) -> Result<(), Self> {
+        if active {
+            return Err(Self::device_state(
+                device_type,
+                "the device is already serving; restore into a new device",
+            ));
+        }
+        if acked & !offered != 0 {
+            return Err(StateError::AckedFeatures { acked, offered });
+        }
+        Ok(())
+    }
+
     /// The worker of `device_type` panicked.
     pub fn worker_lost(device_type: u32) -> Self {
         StateError::WorkerLost {

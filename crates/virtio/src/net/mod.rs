@@ -421,18 +421,12 @@ impl VirtioDevice for Net {
 
     fn restore_state(&mut self, state: &serde_json::Value) -> Result<(), StateError> {
         let s: NetState = decode(device_type::NET, state)?;
-        if self.is_active() {
-            return Err(StateError::device_state(
-                device_type::NET,
-                "the device is already serving; restore into a new device",
-            ));
-        }
-        if s.acked_features & !self.features() != 0 {
-            return Err(StateError::AckedFeatures {
-                acked: s.acked_features,
-                offered: self.features(),
-            });
-        }
+        StateError::check_restore(
+            device_type::NET,
+            self.is_active(),
+            s.acked_features,
+            self.features(),
+        )?;
         if s.mac != self.mac {
             return Err(StateError::device_state(
                 device_type::NET,

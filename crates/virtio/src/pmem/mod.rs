@@ -213,18 +213,12 @@ impl VirtioDevice for Pmem {
 
     fn restore_state(&mut self, state: &serde_json::Value) -> Result<(), StateError> {
         let s: PmemState = decode(device_type::PMEM, state)?;
-        if self.is_active() {
-            return Err(StateError::device_state(
-                device_type::PMEM,
-                "the device is already serving; restore into a new device",
-            ));
-        }
-        if s.acked_features & !self.features() != 0 {
-            return Err(StateError::AckedFeatures {
-                acked: s.acked_features,
-                offered: self.features(),
-            });
-        }
+        StateError::check_restore(
+            device_type::PMEM,
+            self.is_active(),
+            s.acked_features,
+            self.features(),
+        )?;
         if (s.start, s.size) != (self.start, self.size) {
             return Err(StateError::device_state(
                 device_type::PMEM,

@@ -196,18 +196,12 @@ impl VirtioDevice for Rng {
 
     fn restore_state(&mut self, state: &serde_json::Value) -> Result<(), StateError> {
         let s: RngState = decode(device_type::RNG, state)?;
-        if self.is_active() {
-            return Err(StateError::device_state(
-                device_type::RNG,
-                "the device is already serving; restore into a new device",
-            ));
-        }
-        if s.acked_features & !self.features() != 0 {
-            return Err(StateError::AckedFeatures {
-                acked: s.acked_features,
-                offered: self.features(),
-            });
-        }
+        StateError::check_restore(
+            device_type::RNG,
+            self.is_active(),
+            s.acked_features,
+            self.features(),
+        )?;
         self.acked = s.acked_features;
         Ok(())
     }

@@ -316,12 +316,12 @@ impl VirtioDevice for Vsock {
 
     fn restore_state(&mut self, state: &serde_json::Value) -> Result<(), StateError> {
         let s: VsockState = decode(device_type::VSOCK, state)?;
-        if self.is_active() {
-            return Err(StateError::device_state(
-                device_type::VSOCK,
-                "the device is already serving; restore into a new device",
-            ));
-        }
+        StateError::check_restore(
+            device_type::VSOCK,
+            self.is_active(),
+            s.acked_features,
+            self.features(),
+        )?;
         if s.guest_cid != self.cfg.guest_cid {
             return Err(StateError::device_state(
                 device_type::VSOCK,
@@ -331,12 +331,6 @@ impl VirtioDevice for Vsock {
                     s.guest_cid, self.cfg.guest_cid
                 ),
             ));
-        }
-        if s.acked_features & !self.features() != 0 {
-            return Err(StateError::AckedFeatures {
-                acked: s.acked_features,
-                offered: self.features(),
-            });
         }
         self.acked = s.acked_features;
         // Connections of the snapshot's VM are gone: the guest must learn it.
