@@ -10,7 +10,9 @@
 # timed (TCG-nested: a ratio to compare, not a figure). Then a snapshot of the VM is
 # restored in a new process (all connections reset, the guest told with a transport-reset
 # event) and exec works there, and in two clones of it (each its own socket
-# <uds>.clone-K), without a reboot.
+# <uds>.clone-K), without a reboot. Last, a fleet daemon restores the snapshot as VM f1 and
+# `densevm fleet exec` (POST /vms/f1/exec) runs uname -r, a failing command, one reading
+# stdin and one past its timeout.
 . "$LAB_SRC/lib/test-lib.sh"
 need_l2_densevm
 need_cmd sha256sum head cut
@@ -38,7 +40,8 @@ densevm run --kernel "$GUEST_VMLINUX" --initrd "$GUEST_INITRD" --memory 256M \
 vm=$!
 restored=
 clones=
-trap 'kill $vm $restored $clones 2>/dev/null' EXIT
+fleet=
+trap 'kill $vm $restored $clones $fleet 2>/dev/null' EXIT
 wait_for_line_pid vm.log "densevm-agent: listening" 300 $vm || {
   tail -n 30 vm.log; fail "the guest agent did not start (densevm exited, or 300 s passed)"
 }
@@ -119,4 +122,35 @@ done
 ls $W/v.sock.clone-0 $W/v.sock.clone-1 > /dev/null || fail "no per-clone vsock sockets: $(ls $W)"
 echo "ok: exec works in both clones (sockets v.sock.clone-0/1)"
 kill $restored $clones; wait $restored 2>/dev/null
-echo "PASS: vsock + guest agent: uname -r, exit codes, 1 MiB stdin, 10 MiB stdout, timeout, no agent, restore, clones ($(awk -v a="$t0" -v b="$(uptime_s)" 'BEGIN { print b - a }') s)"
+clones=
+
+# ---- the fleet's exec: a VM the fleet restores from the snapshot, POST /vms/{id}/exec -------
+densevm fleet serve --sock $W/fleet.sock --state-dir $W/fleet --cgroup off > fleet.log 2>&1 &
+fleet=$!
+trap 'kill $vm $restored $clones $fleet 2>/dev/null' EXIT
+i=0
+until [ -S $W/fleet.sock ]; do
+  i=$((i + 1)); [ $i -lt 100 ] || { cat fleet.log; fail "the fleet daemon did not start"; }
+  sleep 0.1
+done
+densevm fleet create --sock $W/fleet.sock --id f1 --restore $W/snap --memory 256M > fc.log 2>&1 ||
+  fail "fleet create --restore: $(cat fc.log)"
+F="densevm fleet exec --sock $W/fleet.sock f1"
+i=0
+until out=$($F --timeout 10 -- uname -r 2> fe.err); do
+  i=$((i + 1)); [ $i -lt 30 ] || fail "fleet exec uname -r: $(cat fe.err)"
+  sleep 2
+done
+[ "$out" = "$GUEST_KERNEL_RELEASE" ] || fail "fleet exec uname -r: '$out'"
+$F -- sh -c 'echo fleet-err >&2; exit 9' 2> fe.err
+rc=$?
+[ "$rc" = 9 ] && grep -q fleet-err fe.err || fail "fleet exec exit 9: exit $rc, stderr $(cat fe.err)"
+printf 'one\ntwo\nthree\n' > lines.txt
+out=$($F --stdin lines.txt -- wc -l) || fail "fleet exec with stdin: exit $?"
+[ "$out" = 3 ] || fail "fleet exec wc -l of 3 lines printed '$out'"
+$F --json --timeout 1 -- sleep 30 > fe.json
+grep -q '"status": *"timed_out"' fe.json && grep -q '"exit_code": *124' fe.json || fail "fleet exec timeout: $(cat fe.json)"
+echo "ok: the fleet's exec (POST /vms/f1/exec): uname -r, exit code 9 and stderr, stdin, timeout"
+densevm fleet delete --sock $W/fleet.sock f1 > /dev/null || fail "fleet delete f1"
+kill $fleet; wait $fleet 2>/dev/null
+echo "PASS: vsock + guest agent: uname -r, exit codes, 1 MiB stdin, 10 MiB stdout, timeout, no agent, restore, clones, fleet exec ($(awk -v a="$t0" -v b="$(uptime_s)" 'BEGIN { print b - a }') s)"

@@ -50,7 +50,8 @@ pub mod types;
 pub use client::{ApiClient, ClientError};
 pub use request::{parse_route, ApiErrorResponse, ApiRequest};
 pub use server::{
-    ApiHandler, ApiResponse, ApiServer, ApiServerError, ApiServerHandle, HttpHandler,
+    ApiHandler, ApiResponse, ApiServer, ApiServerError, ApiServerHandle, HttpHandler, LaterReply,
+    Reply, MAX_LATER,
 };
 pub use types::{
     ApiError, Balloon, BalloonInfo, BalloonStats, BalloonStatsUpdate, BalloonUpdate, CloneInfo,

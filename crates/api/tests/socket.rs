@@ -421,6 +421,7 @@ fn a_router_of_its_own_serves_text_and_json_on_the_same_http_code() {
                 ("POST", "/things") => ApiResponse::json(201, &serde_json::json!({"n": 1})),
                 _ => ApiResponse::error(404, "nothing here"),
             }
+            .into()
         }))
         .unwrap();
     let client = ApiClient::new(&path);
@@ -478,5 +479,70 @@ fn memory_tier_helpers_round_trip() {
             ApiRequest::GetMemoryTier,
         ]
     );
+    handle.shutdown();
+}
+
+#[test]
+fn a_later_reply_does_not_hold_up_other_requests_and_is_bounded() {
+    use densevm_api::{Reply, MAX_LATER};
+    use std::sync::mpsc;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("later.sock");
+    // Each slow request waits until the test releases it.
+    let (release_tx, release_rx) = mpsc::channel::<()>();
+    let release_rx = Arc::new(Mutex::new(release_rx));
+    let started = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = Arc::clone(&started);
+    let handle = ApiServer::bind(&path)
+        .unwrap()
+        .spawn_router(Box::new(
+            move |req: &densevm_api::http::HttpRequest| match req.path.as_str() {
+                "/slow" => {
+                    let rx = Arc::clone(&release_rx);
+                    let counter = Arc::clone(&counter);
+                    Reply::Later(Box::new(move || {
+                        counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        let _ = rx.lock().unwrap().recv();
+                        ApiResponse::json(200, &serde_json::json!({"slow": true}))
+                    }))
+                }
+                _ => ApiResponse::json(200, &serde_json::json!({"quick": true})).into(),
+            },
+        ))
+        .unwrap();
+    let slow: Vec<_> = (0..MAX_LATER)
+        .map(|_| {
+            let p = path.clone();
+            std::thread::spawn(move || {
+                ApiClient::new(&p)
+                    .with_timeout(Duration::from_secs(60))
+                    .request("GET", "/slow", None)
+                    .unwrap()
+            })
+        })
+        .collect();
+    let client = ApiClient::new(&path);
+    // Once every slow request is in progress, one more is refused with 503, while a
+    // quick one is answered at once.
+    let t = Instant::now();
+    while started.load(std::sync::atomic::Ordering::SeqCst) < MAX_LATER {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the slow requests never started"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let (status, body) = client.request("GET", "/slow", None).unwrap();
+    assert_eq!(status, 503, "{}", String::from_utf8_lossy(&body));
+    assert!(String::from_utf8_lossy(&body).contains("in progress"));
+    let v: serde_json::Value = client.call("GET", "/quick", None).unwrap();
+    assert_eq!(v["quick"], true);
+    for _ in 0..MAX_LATER {
+        release_tx.send(()).unwrap();
+    }
+    for t in slow {
+        let (status, body) = t.join().unwrap();
+        assert_eq!((status, body), (200, br#"{"slow":true}"#.to_vec()));
+    }
     handle.shutdown();
 }

@@ -9,19 +9,20 @@
 //! | `GET`    | `/vms/{id}`  | —             | 200 [`VmInfo`]                |
 //! | `PATCH`  | `/vms/{id}`  | [`VmPatch`]   | 200 [`VmInfo`]                |
 //! | `DELETE` | `/vms/{id}`  | —             | 200 [`VmInfo`] (how it ended) |
+//! | `POST`   | `/vms/{id}/exec` | [`VmExec`] | 200 [`ExecResult`] (crate::exec) |
 //! | `GET`    | `/metrics`   | —             | 200 Prometheus text           |
 //!
 //! Errors are `{"fault_message": "..."}` with a 4xx/5xx status, as on a VM's own socket.
 
 use densevm_api::http::HttpRequest;
 use densevm_api::request::{check_method, json, known_routes, normalize, quote, ApiErrorResponse};
-use densevm_api::ApiResponse;
+use densevm_api::{ApiResponse, Reply};
 
 use crate::daemon::Fleet;
 use crate::metrics::{all_kinds, direction_label, Exposition, CONTENT_TYPE};
 use crate::policy::{budget_kinds, HostMode};
 use crate::registry::valid_id;
-use crate::types::{FleetInfo, VmCreate, VmInfo, VmPatch, VmStatus};
+use crate::types::{FleetInfo, VmCreate, VmExec, VmInfo, VmPatch, VmStatus};
 
 /// Every resource and the methods it takes (`{id}` is a VM id); docs/api/openapi.yaml
 /// documents each, and a test checks that it does.
@@ -29,11 +30,12 @@ pub const ROUTES: &[(&str, &[&str])] = &[
     ("/", &["GET"]),
     ("/vms", &["GET", "POST"]),
     ("/vms/{id}", &["GET", "PATCH", "DELETE"]),
+    ("/vms/{id}/exec", &["POST"]),
     ("/metrics", &["GET"]),
 ];
 
 /// A request whose route is decided and whose body is parsed.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum FleetRequest {
     /// `GET /`.
     Info,
@@ -47,6 +49,8 @@ pub enum FleetRequest {
     Patch(String, VmPatch),
     /// `DELETE /vms/{id}`.
     Delete(String),
+    /// `POST /vms/{id}/exec`.
+    Exec(String, VmExec),
     /// `GET /metrics`.
     Metrics,
 }
@@ -61,7 +65,10 @@ pub fn parse_request(
 ) -> Result<FleetRequest, ApiErrorResponse> {
     let path = normalize(path);
     let (route, id) = match path.strip_prefix("/vms/") {
-        Some(id) => ("/vms/{id}", Some(id)),
+        Some(rest) => match rest.strip_suffix("/exec") {
+            Some(id) => ("/vms/{id}/exec", Some(id)),
+            None => ("/vms/{id}", Some(rest)),
+        },
         None => (path, None),
     };
     let Some(&(route, allowed)) = ROUTES.iter().find(|(p, _)| *p == route) else {
@@ -86,6 +93,17 @@ pub fn parse_request(
             ));
         }
         let id = id.to_owned();
+        if route == "/vms/{id}/exec" {
+            return Ok(FleetRequest::Exec(
+                id,
+                json::<VmExec>(
+                    method,
+                    path,
+                    body,
+                    r#"{"argv": ["uname", "-r"], "timeout_s": 10}"#,
+                )?,
+            ));
+        }
         return Ok(match method {
             "GET" => FleetRequest::Get(id),
             "DELETE" => FleetRequest::Delete(id),
@@ -113,12 +131,16 @@ pub fn parse_request(
     })
 }
 
-/// Answers one HTTP request.
-pub fn handle(fleet: &Fleet, req: &HttpRequest) -> ApiResponse {
+/// Answers one HTTP request: at once, or for `exec` on a thread of its own once the
+/// command ends.
+pub fn handle(fleet: &Fleet, req: &HttpRequest) -> Reply {
     let request = match parse_request(&req.method, &req.path, &req.body) {
         Ok(r) => r,
-        Err(e) => return e.into(),
+        Err(e) => return ApiResponse::from(e).into(),
     };
+    if let FleetRequest::Exec(id, exec) = request {
+        return start_exec(fleet, &id, exec);
+    }
     let answer = |r: Result<VmInfo, ApiErrorResponse>, status: u16| match r {
         Ok(info) => ApiResponse::json(status, &info),
         Err(e) => e.into(),
@@ -131,7 +153,42 @@ pub fn handle(fleet: &Fleet, req: &HttpRequest) -> ApiResponse {
         FleetRequest::Patch(id, p) => answer(fleet.lock().registry.patch(&id, p), 200),
         FleetRequest::Delete(id) => answer(fleet.lock().registry.delete(&id), 200),
         FleetRequest::Metrics => ApiResponse::text(CONTENT_TYPE, metrics_text(fleet)),
+        FleetRequest::Exec(..) => unreachable!("answered above"),
     }
+    .into()
+}
+
+/// Checks an exec request and the VM (it exists and runs), then runs the command on a
+/// thread of its own: the fleet stays unlocked and its API free meanwhile.
+fn start_exec(fleet: &Fleet, id: &str, exec: VmExec) -> Reply {
+    let timeout = match crate::exec::check(&exec) {
+        Ok(t) => t,
+        Err(e) => return ApiResponse::from(e).into(),
+    };
+    let control = {
+        let mut s = fleet.lock();
+        match s.registry.get(id) {
+            Err(e) => return ApiResponse::from(e).into(),
+            Ok(info) if info.status == VmStatus::Exited => {
+                return ApiResponse::error(
+                    409,
+                    format!(
+                        "VM {id} has exited ({}); a command runs only in a running VM",
+                        info.exit.unwrap_or_default()
+                    ),
+                )
+                .into()
+            }
+            Ok(_) => match s.registry.vm_mut(id) {
+                Some(vm) => vm.control(),
+                None => return ApiResponse::error(404, format!("no VM {id}")).into(),
+            },
+        }
+    };
+    let id = id.to_owned();
+    Reply::Later(Box::new(move || {
+        crate::exec::run(control, &id, exec, timeout)
+    }))
 }
 
 /// The Prometheus exposition of the fleet.

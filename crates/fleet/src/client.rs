@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use densevm_api::{ApiClient, ClientError};
 
-use crate::types::{FleetInfo, VmCreate, VmInfo, VmPatch};
+use crate::types::{ExecResult, FleetInfo, VmCreate, VmExec, VmInfo, VmPatch};
 
 /// A client of a fleet daemon's socket.
 #[derive(Debug, Clone)]
@@ -55,6 +55,21 @@ impl FleetClient {
     /// `DELETE /vms/{id}`.
     pub fn delete(&self, id: &str) -> Result<VmInfo, ClientError> {
         self.api.call("DELETE", &format!("/vms/{id}"), None)
+    }
+
+    /// `POST /vms/{id}/exec`: runs a command in the guest and waits for its end (up to
+    /// its timeout, the default one hour, plus a minute).
+    pub fn exec(&self, id: &str, req: &VmExec) -> Result<ExecResult, ClientError> {
+        let wait = req
+            .timeout_s
+            .filter(|t| t.is_finite() && *t > 0.0)
+            .map_or(crate::exec::MAX_TIMEOUT, |t| {
+                Duration::from_secs_f64(t.min(crate::exec::MAX_TIMEOUT.as_secs_f64()))
+            });
+        self.api
+            .clone()
+            .with_timeout(wait + Duration::from_secs(60))
+            .call("POST", &format!("/vms/{id}/exec"), Some(&json(req)?))
     }
 
     /// `GET /metrics` (Prometheus text).

@@ -47,6 +47,11 @@ pub trait VmControl: Send + Sync {
         let _ = budget_mib;
         Err("this VM control has no memory tier".into())
     }
+    /// The host socket of the VM's vsock device (`GET /vsock`), where its guest agent is
+    /// reached.
+    fn vsock_uds(&self) -> Result<PathBuf, String> {
+        Err("this VM control has no vsock device".into())
+    }
 }
 
 /// A started VM process.
@@ -100,6 +105,13 @@ impl VmControl for ApiControl {
     fn set_memory_budget(&self, budget_mib: u32) -> Result<(), String> {
         self.client
             .set_memory_budget(budget_mib)
+            .map_err(|e| e.to_string())
+    }
+
+    fn vsock_uds(&self) -> Result<PathBuf, String> {
+        self.client
+            .vsock()
+            .map(|v| PathBuf::from(v.uds_path))
             .map_err(|e| e.to_string())
     }
 

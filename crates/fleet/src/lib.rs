@@ -19,6 +19,7 @@ pub mod api;
 pub mod cgroup;
 pub mod client;
 pub mod daemon;
+pub mod exec;
 pub mod host;
 pub mod launcher;
 pub mod metrics;

@@ -6,6 +6,9 @@ use densevm_api::request::ApiErrorResponse;
 
 use crate::types::VmCreate;
 
+/// The vsock device's host socket, in the VM's directory.
+pub const VSOCK_SOCKET: &str = "vsock.sock";
+
 /// The smallest DRAM budget densevm takes (docs/tiering.md).
 pub const MIN_BUDGET_MIB: u64 = 4;
 
@@ -56,6 +59,15 @@ pub fn run_args(spec: &VmCreate, id: &str, dir: &Path) -> Vec<String> {
         if let Some(b) = spec.memory_budget_mib {
             push("--memory-budget", &format!("{b}M"));
         }
+        for n in &spec.nets {
+            push("--net", n);
+        }
+        if let Some(cid) = spec.vsock_cid {
+            push(
+                "--vsock",
+                &format!("cid={cid},uds={}", dir.join(VSOCK_SOCKET).display()),
+            );
+        }
         if spec.kernel.is_some() {
             // The balloon the policy drives: statistics every tick, freed pages back to
             // the host, and the guest may deflate rather than OOM-kill. It starts empty;
@@ -93,10 +105,20 @@ pub(crate) fn check_create(spec: &VmCreate) -> Result<(u64, u64), ApiErrorRespon
     if spec.kernel.is_none() && (spec.initrd.is_some() || spec.cmdline.is_some()) {
         return Err(bad("initrd and cmdline go with kernel"));
     }
-    if spec.kernel.is_none() && (!spec.disks.is_empty() || !spec.shares.is_empty() || spec.rng) {
+    let devices = !spec.disks.is_empty()
+        || !spec.shares.is_empty()
+        || !spec.nets.is_empty()
+        || spec.rng
+        || spec.vsock_cid.is_some();
+    if spec.kernel.is_none() && devices {
         return Err(bad(
-            "disks, shares and rng are devices of a Linux guest (kernel); a restored VM \
-             reopens the devices its snapshot names",
+            "disks, shares, nets, rng and vsock_cid are devices of a Linux guest (kernel); a \
+             restored VM reopens the devices its snapshot names",
+        ));
+    }
+    if spec.vsock_cid.is_some_and(|c| !(3..u32::MAX).contains(&c)) {
+        return Err(bad(
+            "vsock_cid must be 3 or more (0-2 are reserved) and below 4294967295",
         ));
     }
     if spec.memory_mib == 0 || spec.memory_mib > 1 << 20 {
@@ -119,7 +141,8 @@ pub(crate) fn check_create(spec: &VmCreate) -> Result<(u64, u64), ApiErrorRespon
         .into_iter()
         .flatten()
         .chain(&spec.disks)
-        .chain(&spec.shares);
+        .chain(&spec.shares)
+        .chain(&spec.nets);
     if all.clone().any(|s| s.contains('\0')) {
         return Err(bad("strings may not contain NUL bytes"));
     }
@@ -201,6 +224,39 @@ mod tests {
         ] {
             assert!(!run_args(&other, "a", dir).contains(&"--balloon".to_string()));
         }
+    }
+
+    /// Nets and a vsock device pass through to `densevm run` for Linux guests, the vsock
+    /// socket in the VM's directory; bad CIDs and devices without a kernel are refused.
+    #[test]
+    fn nets_and_vsock_become_run_arguments() {
+        let dir = Path::new("/state/vms/a");
+        let spec = VmCreate {
+            kernel: Some("/k".into()),
+            memory_mib: 256,
+            nets: vec!["tap=tap0,mac=02:00:00:00:00:01".into()],
+            vsock_cid: Some(3),
+            ..Default::default()
+        };
+        check_create(&spec).unwrap();
+        let args = run_args(&spec, "a", dir);
+        let after = |k: &str| args[args.iter().position(|a| a == k).unwrap() + 1].clone();
+        assert_eq!(after("--net"), "tap=tap0,mac=02:00:00:00:00:01");
+        assert_eq!(after("--vsock"), "cid=3,uds=/state/vms/a/vsock.sock");
+        for cid in [0, 2, u32::MAX] {
+            let bad = VmCreate {
+                vsock_cid: Some(cid),
+                ..spec.clone()
+            };
+            assert_eq!(check_create(&bad).unwrap_err().status, 400, "cid {cid}");
+        }
+        let probe = VmCreate {
+            kernel: None,
+            probe: Some("exit 0".into()),
+            ..spec
+        };
+        let e = check_create(&probe).unwrap_err();
+        assert!(e.message.contains("vsock_cid"), "{}", e.message);
     }
 
     /// A budget becomes `--memory-budget NM` for Linux and probe VMs; with a restore it is

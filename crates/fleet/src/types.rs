@@ -55,6 +55,57 @@ pub struct VmCreate {
     /// least 4 and at most its RAM; not with `restore`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_budget_mib: Option<u64>,
+    /// `--net` values (`tap=NAME[,mac=MAC]`, docs/networking.md); each tap serves one VM.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nets: Vec<String>,
+    /// A virtio-vsock device with this guest CID (3 or more), its host socket
+    /// `vsock.sock` in the VM's directory (`--vsock cid=N,uds=...`, docs/vsock.md): what
+    /// `POST /vms/{id}/exec` reaches the guest agent through.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vsock_cid: Option<u32>,
+}
+
+/// `POST /vms/{id}/exec`: a command to run in the guest through its agent (docs/vsock.md).
+/// The answer comes when the command ends.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VmExec {
+    /// The command and its arguments.
+    pub argv: Vec<String>,
+    /// `NAME=VALUE` entries; none: the agent's default PATH and HOME.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<String>,
+    /// The command's whole stdin (none: empty).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdin: Option<String>,
+    /// Kill the command (and its process group) after this many seconds; it then ends
+    /// `timed_out` with exit code 124. At most an hour, the default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_s: Option<f64>,
+    /// The agent's vsock port (default 52).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u32>,
+}
+
+/// The answer to `POST /vms/{id}/exec`: how the command ended and what it wrote.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecResult {
+    /// Its exit code (128 + signal when killed, 124 on timeout, 126/127 when it could
+    /// not start).
+    pub exit_code: i32,
+    /// `exited`, `signaled`, `timed_out` or `not_started`.
+    pub status: String,
+    /// The agent's word on it (signal name, why it could not start); may be empty.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    /// Its stdout (UTF-8; other bytes replaced), at most 16 MiB.
+    pub stdout: String,
+    /// Its stderr, likewise.
+    pub stderr: String,
+    /// Whether output past 16 MiB was dropped.
+    pub truncated: bool,
+    /// From the request to the command's end, milliseconds.
+    pub duration_ms: u64,
 }
 
 /// `PATCH /vms/{id}`: what to change (absent fields stay).

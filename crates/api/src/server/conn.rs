@@ -6,7 +6,9 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
-use super::ApiResponse;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use super::{ApiResponse, LaterReply, Reply, LATER_THREAD_STACK, MAX_LATER};
 use crate::http::{write_response, write_response_typed, HttpError, HttpRequest, RequestReader};
 
 #[derive(Debug, PartialEq, Eq)]
@@ -19,7 +21,7 @@ pub(super) fn serve_connection(
     stream: UnixStream,
     wake: BorrowedFd<'_>,
     idle: Duration,
-    handler: &mut dyn FnMut(&HttpRequest) -> ApiResponse,
+    handler: &mut dyn FnMut(&HttpRequest) -> Reply,
 ) -> Flow {
     // Blocking I/O; the deadline is enforced by poll, SO_RCVTIMEO/SO_SNDTIMEO back it up.
     let set = stream
@@ -57,7 +59,13 @@ pub(super) fn serve_connection(
             }
         };
         tracing::debug!(method = %req.method, path = %req.path, "api request");
-        let resp = handler(&req);
+        let resp = match handler(&req) {
+            Reply::Now(resp) => resp,
+            Reply::Later(work) => match answer_later(&stream, work) {
+                Ok(()) => return Flow::Next,
+                Err(resp) => resp,
+            },
+        };
         if let Err(e) = write_response_typed(
             &mut &stream,
             resp.status,
@@ -73,6 +81,47 @@ pub(super) fn serve_connection(
         }
         reader.get_mut().deadline = Instant::now() + idle;
     }
+}
+
+/// [`Reply::Later`] requests in progress.
+static LATER: AtomicUsize = AtomicUsize::new(0);
+
+/// Hands the connection to an `api-later` thread that runs `work`, writes its answer and
+/// closes the connection. The error is the answer to give at once instead (503: too many
+/// in progress, or no thread).
+fn answer_later(stream: &UnixStream, work: LaterReply) -> Result<(), ApiResponse> {
+    if LATER.fetch_add(1, Ordering::AcqRel) >= MAX_LATER {
+        LATER.fetch_sub(1, Ordering::AcqRel);
+        return Err(ApiResponse::error(
+            503,
+            format!("{MAX_LATER} long requests are already in progress; try again when one ends"),
+        ));
+    }
+    let busy = |e: io::Error| {
+        LATER.fetch_sub(1, Ordering::AcqRel);
+        ApiResponse::error(503, format!("cannot start a thread for this request: {e}"))
+    };
+    let conn = stream.try_clone().map_err(busy)?;
+    std::thread::Builder::new()
+        .name("api-later".into())
+        .stack_size(LATER_THREAD_STACK)
+        .spawn(move || {
+            let resp = work();
+            // The answer may be long in coming: the client gets the usual idle timeout to
+            // take it, from now.
+            if let Err(e) = write_response_typed(
+                &mut &conn,
+                resp.status,
+                resp.content_type,
+                resp.body.as_deref(),
+                false,
+            ) {
+                tracing::debug!("api: cannot write a late response: {e}");
+            }
+            LATER.fetch_sub(1, Ordering::AcqRel);
+        })
+        .map(|_| ())
+        .map_err(busy)
 }
 
 /// The connection as the reader sees it: each read first waits (poll) for data, the

@@ -33,7 +33,33 @@ pub const API_THREAD_STACK: usize = 128 * 1024;
 pub type ApiHandler = Box<dyn FnMut(ApiRequest) -> ApiResponse + Send>;
 
 /// Serves raw HTTP requests with its own route table (see [`ApiServer::spawn_router`]).
-pub type HttpHandler = Box<dyn FnMut(&HttpRequest) -> ApiResponse + Send>;
+pub type HttpHandler = Box<dyn FnMut(&HttpRequest) -> Reply + Send>;
+
+/// Work that answers a request later, on a thread of its own (see [`Reply::Later`]).
+pub type LaterReply = Box<dyn FnOnce() -> ApiResponse + Send>;
+
+/// How a route table answers a request.
+pub enum Reply {
+    /// At once, on the `api` thread.
+    Now(ApiResponse),
+    /// For a request that takes long (a command run in a guest): the closure runs on a
+    /// thread of its own (`api-later`), which writes its answer and closes the connection,
+    /// while the `api` thread goes on serving others. At most [`MAX_LATER`] run at once;
+    /// beyond that the request gets 503.
+    Later(LaterReply),
+}
+
+impl From<ApiResponse> for Reply {
+    fn from(r: ApiResponse) -> Self {
+        Reply::Now(r)
+    }
+}
+
+/// How many [`Reply::Later`] requests may be in progress at once.
+pub const MAX_LATER: usize = 16;
+
+/// Stack of an `api-later` thread.
+const LATER_THREAD_STACK: usize = 256 * 1024;
 
 /// The content type of JSON bodies.
 pub const JSON: &str = "application/json";
@@ -201,10 +227,10 @@ impl ApiServer {
     /// each request is routed by [`parse_route`] and, if valid, handed to `handler`.
     pub fn spawn(self, mut handler: ApiHandler) -> io::Result<ApiServerHandle> {
         self.spawn_router(Box::new(move |req: &HttpRequest| {
-            match parse_route(&req.method, &req.path, &req.body) {
+            Reply::Now(match parse_route(&req.method, &req.path, &req.body) {
                 Ok(r) => handler(r),
                 Err(e) => e.into(),
-            }
+            })
         }))
     }
 
@@ -236,11 +262,7 @@ impl ApiServer {
         })
     }
 
-    fn accept_loop(
-        &self,
-        wake: BorrowedFd<'_>,
-        handler: &mut dyn FnMut(&HttpRequest) -> ApiResponse,
-    ) {
+    fn accept_loop(&self, wake: BorrowedFd<'_>, handler: &mut dyn FnMut(&HttpRequest) -> Reply) {
         loop {
             match wait_readable(self.listener.as_fd(), wake, None) {
                 Ok(Ready::Stop) => return,

@@ -9,7 +9,7 @@ use densevm_fleet::host::ProcFs;
 use densevm_fleet::launcher::ProcessLauncher;
 use densevm_fleet::policy::{PolicyConfig, Priority};
 use densevm_fleet::registry::{Registry, RegistryConfig};
-use densevm_fleet::types::{CgroupInfo, VmCreate, VmInfo, VmPatch};
+use densevm_fleet::types::{CgroupInfo, VmCreate, VmExec, VmInfo, VmPatch};
 use densevm_fleet::{Fleet, FleetClient};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -129,6 +129,30 @@ enum FleetCommand {
     },
     /// Print the Prometheus metrics (GET /metrics).
     Metrics(Sock),
+    /// Run a command in a VM's guest through its agent (POST /vms/ID/exec; the VM needs
+    /// --vsock-cid and a guest running densevm-agent): prints its stdout and stderr when it
+    /// ends and exits with its exit code.
+    Exec(ExecArgs),
+}
+
+#[derive(Args, Debug)]
+struct ExecArgs {
+    #[command(flatten)]
+    sock: Sock,
+    /// The VM's id.
+    id: String,
+    /// Kill the command after this many seconds (exit code 124); default and most: 3600.
+    #[arg(long, value_name = "SECS")]
+    timeout: Option<f64>,
+    /// An environment variable for the command (repeatable).
+    #[arg(long = "env", short = 'e', value_name = "NAME=VALUE")]
+    env: Vec<String>,
+    /// The command's stdin, read from this file (`-`: this stdin); default empty.
+    #[arg(long, value_name = "FILE")]
+    stdin: Option<PathBuf>,
+    /// The command and its arguments (after `--`).
+    #[arg(last = true, required = true, value_name = "CMD")]
+    command: Vec<String>,
 }
 
 #[derive(Args, Debug)]
@@ -176,6 +200,13 @@ struct CreateArgs {
     /// lower it when the host runs low. Not with --restore.
     #[arg(long, value_name = "SIZE", value_parser = parse_mib)]
     memory_budget: Option<u64>,
+    /// As `densevm run --net` (repeatable): tap=NAME[,mac=MAC].
+    #[arg(long)]
+    net: Vec<String>,
+    /// A vsock device with this guest CID (3 or more), its socket in the VM's directory:
+    /// what `densevm fleet exec` reaches the guest agent through.
+    #[arg(long, value_name = "CID")]
+    vsock_cid: Option<u32>,
 }
 
 /// A watermark: MiB, or a percentage of MemTotal.
@@ -297,6 +328,8 @@ pub fn main(args: FleetArgs) -> anyhow::Result<i32> {
                 min_mib: c.min,
                 max_mib: c.max,
                 memory_budget_mib: c.memory_budget,
+                nets: c.net,
+                vsock_cid: c.vsock_cid,
             };
             let vm = FleetClient::new(&c.sock.sock).create(&spec)?;
             print_vm(c.sock.json, &vm)
@@ -344,6 +377,7 @@ pub fn main(args: FleetArgs) -> anyhow::Result<i32> {
             let vm = FleetClient::new(&sock.sock).delete(&id)?;
             print_vm(sock.json, &vm)
         }
+        FleetCommand::Exec(e) => exec(e),
         FleetCommand::Metrics(s) => {
             let text = FleetClient::new(&s.sock).metrics()?;
             if s.json {
@@ -354,6 +388,50 @@ pub fn main(args: FleetArgs) -> anyhow::Result<i32> {
             Ok(0)
         }
     }
+}
+
+fn exec(e: ExecArgs) -> anyhow::Result<i32> {
+    use std::io::{Read, Write};
+    let stdin = match &e.stdin {
+        None => None,
+        Some(p) if p.as_os_str() == "-" => {
+            let mut s = String::new();
+            std::io::stdin()
+                .read_to_string(&mut s)
+                .context("reading stdin (the command's stdin must be UTF-8 text)")?;
+            Some(s)
+        }
+        Some(p) => Some(std::fs::read_to_string(p).with_context(|| {
+            format!(
+                "reading {} (the command's stdin must be UTF-8 text)",
+                p.display()
+            )
+        })?),
+    };
+    let req = VmExec {
+        argv: e.command,
+        env: e.env,
+        stdin,
+        timeout_s: e.timeout,
+        port: None,
+    };
+    let r = FleetClient::new(&e.sock.sock).exec(&e.id, &req)?;
+    if e.sock.json {
+        print_json(&r)?;
+    } else {
+        std::io::stdout().write_all(r.stdout.as_bytes())?;
+        std::io::stderr().write_all(r.stderr.as_bytes())?;
+        if r.truncated {
+            eprintln!("densevm fleet exec: output past 16 MiB was dropped");
+        }
+        if r.status != "exited" {
+            eprintln!(
+                "densevm fleet exec: the command {}: {}",
+                r.status, r.message
+            );
+        }
+    }
+    Ok(r.exit_code)
 }
 
 struct ServeArgs {

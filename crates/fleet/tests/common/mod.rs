@@ -32,6 +32,8 @@ pub struct FakeVm {
     /// None: no memory tier (no budget).
     pub tier: Option<MemoryTierInfo>,
     pub budget_sets: Vec<u32>,
+    /// None: no vsock device.
+    pub vsock_uds: Option<PathBuf>,
 }
 
 pub type Vms = Arc<Mutex<BTreeMap<String, FakeVm>>>;
@@ -86,6 +88,13 @@ impl VmControl for FakeControl {
         self.vms.lock().unwrap()[&self.id]
             .tier
             .ok_or_else(|| "API error 400: no memory tier".to_string())
+    }
+
+    fn vsock_uds(&self) -> Result<PathBuf, String> {
+        self.vms.lock().unwrap()[&self.id]
+            .vsock_uds
+            .clone()
+            .ok_or_else(|| "API error 400: no vsock device".to_string())
     }
 
     fn set_memory_budget(&self, budget_mib: u32) -> Result<(), String> {

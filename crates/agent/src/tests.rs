@@ -1,71 +1,9 @@
-//! The exec client against the real guest agent (lab/guest/agent.c, compiled here with the
-//! host's cc) serving a unix socket instead of vsock: the same frames, no VM.
+//! The protocol client against the real guest agent (lab/guest/agent.c, compiled here with
+//! the host's cc) serving a unix socket instead of vsock: the same frames, no VM.
 
+use super::testing::{agent, Agent, HybridSocket};
 use super::*;
-use std::process::{Child, Command};
-use std::sync::OnceLock;
-
-/// Builds the agent once per test process, named by a hash of its source: runs of the same
-/// source reuse one binary instead of leaving one per run in the temp directory.
-fn agent_binary() -> &'static Path {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../lab/guest/agent.c");
-        let text = std::fs::read(&src).expect("lab/guest/agent.c");
-        let hash = text.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
-            (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
-        });
-        let out = std::env::temp_dir().join(format!("densevm-agent-test-{hash:016x}"));
-        if out.exists() {
-            return out;
-        }
-        // Built under a private name, then renamed: a parallel run never sees half a file.
-        let tmp = std::env::temp_dir().join(format!("densevm-agent-build-{}", std::process::id()));
-        let status = Command::new("cc")
-            .args(["-O2", "-Wall", "-Werror", "-o"])
-            .arg(&tmp)
-            .arg(&src)
-            .status()
-            .expect("the host C compiler (cc) builds lab/guest/agent.c for this test");
-        assert!(status.success(), "cc failed on {}", src.display());
-        std::fs::rename(&tmp, &out).expect("rename the agent binary into place");
-        out
-    })
-}
-
-struct Agent {
-    child: Child,
-    sock: PathBuf,
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_file(&self.sock);
-    }
-}
-
-fn agent(name: &str) -> Agent {
-    let sock =
-        std::env::temp_dir().join(format!("densevm-agent-{}-{name}.sock", std::process::id()));
-    let _ = std::fs::remove_file(&sock);
-    let child = Command::new(agent_binary())
-        .arg("--unix")
-        .arg(&sock)
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let t = Instant::now();
-    while UnixStream::connect(&sock).is_err() {
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "the agent did not start"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    Agent { child, sock }
-}
+use std::time::Instant;
 
 fn exec(
     a: &Agent,
@@ -211,4 +149,67 @@ fn no_agent_is_a_clear_error() {
     assert!(e.contains("no agent answered"), "{e}");
     t.join().unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn collected_through_a_hybrid_socket_with_a_cap() {
+    let a = agent("collect");
+    let uds =
+        std::env::temp_dir().join(format!("densevm-agent-{}-hybrid.sock", std::process::id()));
+    let hybrid = HybridSocket::serve(uds, AGENT_PORT, a.sock.clone());
+    let argv = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let c = exec_collected(
+        &hybrid.path,
+        AGENT_PORT,
+        &argv(&["sh", "-c", "cat; echo done >&2; exit 7"]),
+        &[],
+        b"input bytes".to_vec(),
+        None,
+        1 << 20,
+    )
+    .unwrap();
+    assert_eq!((c.exit.code, c.exit.how_name()), (7, "exited"));
+    assert_eq!(c.stdout, b"input bytes");
+    assert_eq!(c.stderr, b"done\n");
+    assert!(!c.truncated);
+    // Output past the cap is dropped, and the command still runs to its end.
+    let c = exec_collected(
+        &hybrid.path,
+        AGENT_PORT,
+        &argv(&["sh", "-c", "head -c 300000 /dev/zero; exit 2"]),
+        &[],
+        Vec::new(),
+        None,
+        100_000,
+    )
+    .unwrap();
+    assert_eq!(
+        (c.exit.code, c.stdout.len(), c.truncated),
+        (2, 100_000, true)
+    );
+    // A port nobody listens on is the no-agent error.
+    let e = exec_collected(
+        &hybrid.path,
+        4444,
+        &argv(&["true"]),
+        &[],
+        Vec::new(),
+        None,
+        10,
+    )
+    .unwrap_err();
+    assert!(matches!(e, AgentError::Unreachable(_)), "{e}");
+    // A bad environment entry is refused before connecting.
+    let e = exec_collected(
+        &hybrid.path,
+        AGENT_PORT,
+        &argv(&["true"]),
+        &["X".into()],
+        Vec::new(),
+        None,
+        10,
+    )
+    .unwrap_err();
+    assert!(matches!(e, AgentError::Request(_)), "{e}");
+    let _: &Agent = &a;
 }
