@@ -9,6 +9,9 @@
 #    receive buffers, MAC, status), read from /sys/bus/virtio/devices/*/features;
 #  - snapshot and restore: L1 pauses the VM, snapshots it, kills it and restores it in a new
 #    densevm, which opens tap0 again; L1 fetches the guest's file once more (sha256 again);
+#  - clones: a clone of the restored VM without a tap of its own is refused; two clones with
+#    --net-override net0=tapc{index} each open their own tap (tapc0, tapc1) and serve the
+#    guest's file to L1 over it (L1's address moved from tap to tap), sha256 again;
 #  - a tap that vanishes: L1 deletes tap0 under the restored VM; the guest sees its link go
 #    down and ends normally, densevm logs the failure and exits 0.
 . "$LAB_SRC/lib/test-lib.sh"
@@ -130,12 +133,42 @@ kill -9 "$L2_PID"
 wait "$L2_PID" 2>/dev/null
 echo "ok: snapshot of the VM ($(json_number snap.json ms) ms), its densevm killed"
 log=/tmp/net-restored.log
-densevm run --restore "$W/snap" > "$log" 2>&1 &
+densevm run --restore "$W/snap" --api-sock "$W/api2.sock" > "$log" 2>&1 &
 L2_PID=$!
 L2_LINES=0
 L2_START=$(cut -d. -f1 /proc/uptime)
 fetch_from_guest again.bin
 same "after the restore, L1 <- guest: sha256 matches again" "$l2_sum" "$(sha256sum < again.bin | cut -d' ' -f1)"
+
+# ---- clones, each on its own tap (--net-override net0=tapc{index}) ------------------------
+if densevm vm clone --api-sock "$W/api2.sock" --count 1 --dir "$W/c-refused" > clone.err 2>&1; then
+  fail "a clone of a VM with --net and no tap of its own was started"
+fi
+grep -q "a tap serves one VM" clone.err || fail "clone without --net-override: $(cat clone.err)"
+echo "ok: a clone without a tap of its own is refused: $(grep -o 'cannot clone.*' clone.err | cut -c1-120)..."
+for k in 0 1; do
+  tunctl -t tapc$k > /dev/null || fail "tunctl -t tapc$k"
+  ip link set tapc$k up || fail "ip link set tapc$k up"
+done
+densevm vm clone --api-sock "$W/api2.sock" --count 2 --dir "$W/clones" --net-override 'net0=tapc{index}' --json > clone.json 2> clone.err ||
+  fail "densevm vm clone --net-override: $(cat clone.json clone.err)"
+CLONE_PIDS=$(grep -o '"pid": *[0-9]*' clone.json | grep -o '[0-9]*$' | tr '\n' ' ')
+trap 'kill $HTTPD_PID $CLONE_PIDS 2>/dev/null' EXIT
+# L1's address moves from tap to tap: each clone's guest (same address, same MAC) answers
+# on its own tap only.
+ip addr del 192.168.77.1/24 dev tap0 || fail "ip addr del on tap0"
+for k in 0 1; do
+  ip addr add 192.168.77.1/24 dev tapc$k || fail "ip addr add on tapc$k"
+  fetch_from_guest clone$k.bin
+  same "clone $k on tapc$k: L1 <- guest sha256 matches" "$l2_sum" "$(sha256sum < clone$k.bin | cut -d' ' -f1)"
+  rx=$(cat /sys/class/net/tapc$k/statistics/tx_packets)
+  [ "$rx" -gt 0 ] || fail "tapc$k carried no packets to clone $k"
+  ip addr del 192.168.77.1/24 dev tapc$k
+done
+# shellcheck disable=SC2086
+kill $CLONE_PIDS 2>/dev/null
+ip addr add 192.168.77.1/24 dev tap0 || fail "ip addr add on tap0 again"
+echo "ok: two clones of the restored VM, each on its own tap, served their file"
 
 # ---- the tap vanishes ------------------------------------------------------------------------
 ip link del tap0 || fail "ip link del tap0"

@@ -56,5 +56,5 @@ pub use server::{
 pub use types::{
     ApiError, Balloon, BalloonInfo, BalloonStats, BalloonStatsUpdate, BalloonUpdate, CloneInfo,
     CloneList, CloneRequest, InstanceInfo, InstanceState, MemoryTierInfo, MemoryTierUpdate,
-    SnapshotCreate, SnapshotType, VmState, VmStateChange, VsockInfo, MAX_CLONES,
+    NetworkOverride, SnapshotCreate, SnapshotType, VmState, VmStateChange, VsockInfo, MAX_CLONES,
 };

@@ -186,6 +186,34 @@ fn check_clones(c: &CloneRequest) -> Result<(), ApiErrorResponse> {
              \"snapshot_type\": \"Template\"",
         ));
     }
+    for (i, o) in c.network_overrides.iter().enumerate() {
+        if c.network_overrides[..i]
+            .iter()
+            .any(|p| p.iface_id == o.iface_id)
+        {
+            return Err(ApiErrorResponse::bad_request(format!(
+                "network_overrides names {} twice",
+                quote(&o.iface_id)
+            )));
+        }
+        if c.count > 1 && !o.host_dev_name.contains("{index}") {
+            return Err(ApiErrorResponse::bad_request(format!(
+                "network_overrides: {} would put all {} clones on tap {}, and a tap serves \
+                 one VM: put {{index}} in host_dev_name (e.g. \"tap-c{{index}}\")",
+                quote(&o.iface_id),
+                c.count,
+                quote(&o.host_dev_name)
+            )));
+        }
+        let longest = o.for_clone(c.count.saturating_sub(1));
+        if o.host_dev_name.is_empty() || longest.len() > 15 || longest.contains(['/', ' ', '\0']) {
+            return Err(ApiErrorResponse::bad_request(format!(
+                "network_overrides: host_dev_name {} is not a tap name (1 to 15 bytes once \
+                 {{index}} is replaced, no '/' or spaces)",
+                quote(&o.host_dev_name)
+            )));
+        }
+    }
     Ok(())
 }
 

@@ -107,6 +107,30 @@ pub struct CloneRequest {
     /// A new (or empty) directory for the template's state and each clone's API socket
     /// and console file.
     pub snapshot_path: String,
+    /// The tap each clone's network interface uses instead of the parent's (a tap serves
+    /// one VM): one entry per `--net` of the VM (`iface_id` `net0`, `net1`, ...), required
+    /// when it has any. `{index}` in `host_dev_name` becomes the clone's index, e.g.
+    /// `"tap-c{index}"` for taps `tap-c0`, `tap-c1`, ... made beforehand.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub network_overrides: Vec<NetworkOverride>,
+}
+
+/// A network interface of a restored VM or clone put on another tap (Firecracker's
+/// snapshot-load `network_overrides`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkOverride {
+    /// The interface: `net0` for the VM's first `--net`, `net1` for the second, ...
+    pub iface_id: String,
+    /// The tap it uses (for clones, `{index}` is replaced by the clone's index).
+    pub host_dev_name: String,
+}
+
+impl NetworkOverride {
+    /// The tap for clone `index`.
+    pub fn for_clone(&self, index: u32) -> String {
+        self.host_dev_name.replace("{index}", &index.to_string())
+    }
 }
 
 /// The answer to `POST /clones`.

@@ -49,9 +49,52 @@ fn every_route_parses() {
         parse_route("POST", "/clones", br#"{"count": 3, "snapshot_path": "/t"}"#),
         Ok(ApiRequest::CreateClones(CloneRequest {
             count: 3,
-            snapshot_path: "/t".into()
+            snapshot_path: "/t".into(),
+            network_overrides: Vec::new(),
         }))
     );
+}
+
+#[test]
+fn clone_network_overrides_are_checked() {
+    use densevm_api::NetworkOverride;
+    let ok = br#"{"count": 2, "snapshot_path": "/t",
+        "network_overrides": [{"iface_id": "net0", "host_dev_name": "tap-c{index}"}]}"#;
+    match parse_route("POST", "/clones", ok) {
+        Ok(ApiRequest::CreateClones(c)) => {
+            assert_eq!(
+                c.network_overrides,
+                [NetworkOverride {
+                    iface_id: "net0".into(),
+                    host_dev_name: "tap-c{index}".into()
+                }]
+            );
+            assert_eq!(c.network_overrides[0].for_clone(7), "tap-c7");
+        }
+        other => panic!("{other:?}"),
+    }
+    for (body, what) in [
+        (
+            r#"{"count": 2, "snapshot_path": "/t", "network_overrides": [{"iface_id": "net0", "host_dev_name": "tap1"}]}"#,
+            "{index}",
+        ),
+        (
+            r#"{"count": 1, "snapshot_path": "/t", "network_overrides": [{"iface_id": "net0", "host_dev_name": "a-very-long-tap-name"}]}"#,
+            "15 bytes",
+        ),
+        (
+            r#"{"count": 1, "snapshot_path": "/t", "network_overrides": [{"iface_id": "net0", "host_dev_name": "a"}, {"iface_id": "net0", "host_dev_name": "b"}]}"#,
+            "twice",
+        ),
+        (
+            r#"{"count": 1, "snapshot_path": "/t", "network_overrides": [{"iface_id": "net0"}]}"#,
+            "host_dev_name",
+        ),
+    ] {
+        let (status, msg) = err("POST", "/clones", body);
+        assert_eq!(status, 400, "{body}");
+        assert!(msg.contains(what), "{body}: {msg}");
+    }
 }
 
 #[test]

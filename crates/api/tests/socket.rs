@@ -107,6 +107,7 @@ fn every_helper_round_trips() {
     let clones = CloneRequest {
         count: 2,
         snapshot_path: "/snap".into(),
+        network_overrides: Vec::new(),
     };
     let list = client.create_clones(&clones).unwrap();
     assert_eq!(list.clones.len(), 2);

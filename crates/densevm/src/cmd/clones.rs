@@ -47,6 +47,7 @@ pub fn template_hook(
     tops: Arc<Mutex<Vec<PathBuf>>>,
     pmem: crate::cmd::pmem::PmemRegions,
     started: Arc<Mutex<Option<Starting>>>,
+    nets: Vec<densevm_api::NetworkOverride>,
 ) -> TemplateHook {
     let writable: Vec<usize> = specs
         .disks
@@ -81,8 +82,8 @@ pub fn template_hook(
         // The clones run before the parent's RAM leaves the file (the VMM does that after
         // this hook): the remap would slow their start, and nothing writes the file while
         // the parent is paused.
-        let starting =
-            start_clones(&dir, count, Some(ram)).map_err(|e| crate::output::error_chain(&e))?;
+        let starting = start_clones(&dir, count, Some(ram), &nets)
+            .map_err(|e| crate::output::error_chain(&e))?;
         let mut slot = started.lock().unwrap_or_else(|p| p.into_inner());
         slot.insert(starting)
             .wait_running()
@@ -125,11 +126,12 @@ pub struct Starting {
 /// Starts `count` `densevm run --restore DIR` processes, each with its API socket, console
 /// socket and console file in DIR ([`Starting::wait`] waits until their vCPUs run). `ram`
 /// is a frozen template's RAM file, inherited by each clone; without it the clones map
-/// DIR/memory.
+/// DIR/memory. `nets` put each clone's network interfaces on taps of its own.
 pub fn start_clones(
     dir: &Path,
     count: u32,
     ram: Option<BorrowedFd<'_>>,
+    nets: &[densevm_api::NetworkOverride],
 ) -> anyhow::Result<Starting> {
     let exe = std::env::current_exe()?;
     // Clones started earlier from the same directory keep their numbers and sockets.
@@ -143,7 +145,7 @@ pub fn start_clones(
         running: None,
     };
     for index in first..first + count {
-        if let Err(e) = spawn_one(&exe, dir, index, ram, &mut starting) {
+        if let Err(e) = spawn_one(&exe, dir, index, ram, nets, &mut starting) {
             starting.kill();
             return Err(e);
         }
@@ -158,6 +160,7 @@ fn spawn_one(
     dir: &Path,
     index: u32,
     ram: Option<BorrowedFd<'_>>,
+    nets: &[densevm_api::NetworkOverride],
     starting: &mut Starting,
 ) -> anyhow::Result<()> {
     {
@@ -194,6 +197,10 @@ fn spawn_one(
             .stderr(err);
         if let Some(fd) = &ram_child {
             cmd.arg("--ram-fd").arg(fd.as_raw_fd().to_string());
+        }
+        for o in nets {
+            cmd.arg("--net-override")
+                .arg(format!("{}={}", o.iface_id, o.for_clone(index)));
         }
         let t = Instant::now();
         let child = cmd.spawn()?;

@@ -3,6 +3,7 @@
 
 use anyhow::{bail, Context};
 use densevm_9p::IdMap;
+use densevm_api::NetworkOverride;
 use densevm_virtio::block::{Block, BlockConfig, ImageFormat};
 use densevm_virtio::net::tap::Tap;
 use densevm_virtio::net::Net;
@@ -48,6 +49,71 @@ pub struct NetSpec {
     /// The guest's MAC address (`aa:bb:cc:dd:ee:ff`); a random locally administered one
     /// when not given, fixed in the specs so that a restore keeps it.
     pub mac: Option<String>,
+}
+
+/// Parses `--net-override IFACE=TAP` (`net0=tap-c{index}` for clones).
+pub fn parse_net_override(spec: &str) -> anyhow::Result<NetworkOverride> {
+    let Some((iface, tap)) = spec.split_once('=') else {
+        anyhow::bail!("--net-override {spec}: give IFACE=TAP, e.g. net0=tap1");
+    };
+    if iface_index(iface).is_none() || tap.is_empty() {
+        anyhow::bail!(
+            "--net-override {spec}: give IFACE=TAP with IFACE net0 for the VM's first --net, \
+             net1 for the second, ..."
+        );
+    }
+    Ok(NetworkOverride {
+        iface_id: iface.to_owned(),
+        host_dev_name: tap.to_owned(),
+    })
+}
+
+fn iface_index(iface: &str) -> Option<usize> {
+    iface.strip_prefix("net")?.parse().ok()
+}
+
+/// Puts the network interfaces of a VM being restored on other taps; `index` is the
+/// clone's (it replaces `{index}` in tap names).
+pub fn override_nets(
+    nets: &mut [NetSpec],
+    overrides: &[NetworkOverride],
+    index: Option<u32>,
+) -> anyhow::Result<()> {
+    for o in overrides {
+        let Some(n) = iface_index(&o.iface_id).and_then(|i| nets.get_mut(i)) else {
+            anyhow::bail!(
+                "network override {}: the VM has {} network interface(s) (net0..net{})",
+                o.iface_id,
+                nets.len(),
+                nets.len().saturating_sub(1)
+            );
+        };
+        n.tap = match index {
+            Some(k) => o.for_clone(k),
+            None => o.host_dev_name.clone(),
+        };
+    }
+    Ok(())
+}
+
+/// Checks that clones of a VM with `nets` get a tap of their own for each interface.
+pub fn check_clone_nets(nets: &[NetSpec], overrides: &[NetworkOverride]) -> Result<(), String> {
+    let mut probe = nets.to_vec();
+    override_nets(&mut probe, overrides, Some(0)).map_err(|e| e.to_string())?;
+    for (i, n) in nets.iter().enumerate() {
+        if !overrides
+            .iter()
+            .any(|o| iface_index(&o.iface_id) == Some(i))
+        {
+            return Err(format!(
+                "the VM's net{i} is on tap {}, and a tap serves one VM: give each clone its own \
+                 with a network override (net{i}=tap-c{{index}}: API network_overrides, or \
+                 --net-override), the taps made beforehand",
+                n.tap
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Parses one `--net` value.
@@ -452,6 +518,47 @@ mod tests {
         std::fs::remove_file(&f).unwrap();
         // Missing files are left to the device, whose error says how to create one.
         assert!(check_unique(&[parse_disk("/nonexistent/x").unwrap()], &[], &[]).is_ok());
+    }
+
+    #[test]
+    fn net_overrides_put_interfaces_on_other_taps() {
+        let nets = vec![
+            NetSpec {
+                tap: "tap0".into(),
+                mac: Some("06:00:00:00:00:01".into()),
+            },
+            NetSpec {
+                tap: "tap1".into(),
+                mac: None,
+            },
+        ];
+        let o = parse_net_override("net1=tap-c{index}").unwrap();
+        let mut restored = nets.clone();
+        override_nets(
+            &mut restored,
+            &[parse_net_override("net0=other").unwrap()],
+            None,
+        )
+        .unwrap();
+        assert_eq!(
+            (restored[0].tap.as_str(), restored[1].tap.as_str()),
+            ("other", "tap1")
+        );
+        assert_eq!(restored[0].mac, nets[0].mac, "the guest keeps its MAC");
+        let mut clone = nets.clone();
+        override_nets(&mut clone, std::slice::from_ref(&o), Some(3)).unwrap();
+        assert_eq!(clone[1].tap, "tap-c3");
+        for bad in ["net0", "eth0=tap", "net=tap", "net0="] {
+            assert!(parse_net_override(bad).is_err(), "{bad}");
+        }
+        let e = override_nets(&mut clone, &[parse_net_override("net2=x").unwrap()], None);
+        assert!(e.unwrap_err().to_string().contains("2 network interface"));
+        // Clones need a tap of their own for every interface.
+        let e = check_clone_nets(&nets, std::slice::from_ref(&o)).unwrap_err();
+        assert!(e.contains("net0 is on tap tap0"), "{e}");
+        let both = [parse_net_override("net0=a{index}").unwrap(), o];
+        check_clone_nets(&nets, &both).unwrap();
+        check_clone_nets(&[], &[]).unwrap();
     }
 
     #[test]

@@ -131,6 +131,10 @@ pub struct RunArgs {
     /// (clones) this clone's index: its writable disks are DIR/diskN.clone-INDEX.pcow.
     #[arg(long, hide = true, requires = "restore")]
     pub clone_index: Option<u32>,
+    /// With --restore: put the VM's network interface IFACE (net0 for its first --net,
+    /// net1, ...) on tap TAP instead of the snapshot's (repeatable).
+    #[arg(long, value_name = "IFACE=TAP", requires = "restore", value_parser = crate::cmd::devices::parse_net_override)]
+    pub net_override: Vec<densevm_api::NetworkOverride>,
 }
 
 /// `--merge`: the command-line form of [`MergePolicy`].
@@ -424,6 +428,8 @@ fn restore_main(args: RunArgs, origin: Instant) -> anyhow::Result<i32> {
     if let Some(index) = args.clone_index {
         crate::cmd::clones::use_clone_overlays(&mut specs, &dir, index);
     }
+    crate::cmd::devices::override_nets(&mut specs.nets, &args.net_override, None)
+        .with_context(|| format!("snapshot {}", dir.display()))?;
     let (devices, disk_handles) = specs
         .open()
         .with_context(|| format!("snapshot {}: cannot open its devices again", dir.display()))?;

@@ -53,6 +53,11 @@ enum VmCommand {
         /// console file).
         #[arg(long, value_name = "DIR")]
         dir: PathBuf,
+        /// Put each clone's network interface IFACE (net0, net1, ...) on its own tap
+        /// (repeatable; required when the VM has --net): `{index}` in TAP becomes the clone's
+        /// index, e.g. --net-override net0=tap-c{index} for taps made beforehand.
+        #[arg(long, value_name = "IFACE=TAP", value_parser = crate::cmd::devices::parse_net_override)]
+        net_override: Vec<densevm_api::NetworkOverride>,
     },
     /// Show the balloon (GET /balloon: target, the size the guest reached, options), after
     /// setting a new target with --amount-mib (PATCH /balloon). The VM needs
@@ -89,6 +94,11 @@ enum VmCommand {
         /// How many clones.
         #[arg(long, default_value_t = 1)]
         count: u32,
+        /// Put each clone's network interface IFACE (net0, net1, ...) on its own tap
+        /// (repeatable; required when the VM has --net): `{index}` in TAP becomes the clone's
+        /// index, e.g. --net-override net0=tap-c{index} for taps made beforehand.
+        #[arg(long, value_name = "IFACE=TAP", value_parser = crate::cmd::devices::parse_net_override)]
+        net_override: Vec<densevm_api::NetworkOverride>,
         /// Print the result as JSON.
         #[arg(long)]
         json: bool,
@@ -145,12 +155,18 @@ pub fn main(args: VmArgs) -> anyhow::Result<i32> {
                 format!("snapshot written to {} in {ms:.1} ms", abs.display()),
             )
         }
-        VmCommand::Clone { sock, count, dir } => {
+        VmCommand::Clone {
+            sock,
+            count,
+            dir,
+            net_override,
+        } => {
             let t0 = Instant::now();
             let abs = std::path::absolute(&dir).context("clone directory")?;
             let list: CloneList = ApiClient::new(&sock.api_sock).create_clones(&CloneRequest {
                 count,
                 snapshot_path: abs.display().to_string(),
+                network_overrides: net_override,
             })?;
             let ms = t0.elapsed().as_secs_f64() * 1e3;
             let running_ms = list.running_us.map(|us| us as f64 / 1e3);
@@ -246,6 +262,7 @@ left RAM: {} zero, {} compressed, {} to swap ({} demoted); faults: {} missing, {
         VmCommand::CloneFrom {
             snapshot,
             count,
+            net_override,
             json,
         } => {
             if count == 0 || count > densevm_api::types::MAX_CLONES {
@@ -264,11 +281,19 @@ left RAM: {} zero, {} compressed, {} to swap ({} demoted); faults: {} missing, {
                     d.path.display()
                 );
             }
-            if let Some(n) = specs.nets.first() {
-                anyhow::bail!(
-                    "the snapshot's VM had --net tap={}: a tap serves one VM, so clones of it are not supported yet; restore it once with `densevm run --restore`",
-                    n.tap
-                );
+            crate::cmd::devices::check_clone_nets(&specs.nets, &net_override)
+                .map_err(|why| anyhow::anyhow!("cannot clone the snapshot's VM: {why}"))?;
+            if count > 1 {
+                if let Some(o) = net_override
+                    .iter()
+                    .find(|o| !o.host_dev_name.contains("{index}"))
+                {
+                    anyhow::bail!(
+                        "--net-override {}={}: all {count} clones would use that tap, and a tap serves one VM: put {{index}} in it",
+                        o.iface_id,
+                        o.host_dev_name
+                    );
+                }
             }
             if let Some(p) = specs.pmem.first() {
                 anyhow::bail!(
@@ -276,7 +301,8 @@ left RAM: {} zero, {} compressed, {} to swap ({} demoted); faults: {} missing, {
                     p.display()
                 );
             }
-            let clones = crate::cmd::clones::start_clones(&snapshot, count, None)?.wait()?;
+            let clones =
+                crate::cmd::clones::start_clones(&snapshot, count, None, &net_override)?.wait()?;
             let ms = t0.elapsed().as_secs_f64() * 1e3;
             let mut human = format!("{} clones running ({ms:.1} ms):", clones.len());
             for c in &clones {

@@ -80,14 +80,10 @@ pub fn serve(
             }
             ApiRequest::CreateClones(req) => {
                 let arrived = std::time::Instant::now();
-                if let Some(n) = specs.nets.first() {
-                    return ApiResponse::error(
-                        400,
-                        format!(
-                            "clones of a VM with --net (tap {}) are not supported yet: a tap serves one VM and the clones would all need it",
-                            n.tap
-                        ),
-                    );
+                if let Err(why) =
+                    crate::cmd::devices::check_clone_nets(&specs.nets, &req.network_overrides)
+                {
+                    return ApiResponse::error(400, format!("cannot clone: {why}"));
                 }
                 if let Some(d) = specs.disks.iter().find(|d| !d.readonly && !d.pcow) {
                     return ApiResponse::error(
@@ -108,6 +104,7 @@ pub fn serve(
                     tops.clone(),
                     pmem.clone(),
                     started.clone(),
+                    req.network_overrides.clone(),
                 );
                 let result = handle.template(dir, hook);
                 let starting = started.lock().unwrap_or_else(|p| p.into_inner()).take();
