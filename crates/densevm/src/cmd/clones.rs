@@ -38,17 +38,19 @@ fn create_overlay(path: &Path, base: &Path) -> Result<(), String> {
 /// goes on in (its device is moved onto it, the device being quiesced). Each `--pmem`
 /// image likewise, its region mapped again over the parent's overlay at the same address.
 /// Then the clones are started on the frozen RAM file (into `started`; the caller waits
-/// for them), while the VMM moves the parent's RAM off the file.
+/// for them), while the VMM moves the parent's RAM off the file. `req` says how many, in
+/// which directory, and on which taps.
 pub fn template_hook(
-    dir: PathBuf,
-    count: u32,
+    req: &densevm_api::CloneRequest,
     specs: &crate::cmd::devices::DeviceSpecs,
     handles: Vec<BackendHandle>,
     tops: Arc<Mutex<Vec<PathBuf>>>,
     pmem: crate::cmd::pmem::PmemRegions,
     started: Arc<Mutex<Option<Starting>>>,
-    nets: Vec<densevm_api::NetworkOverride>,
 ) -> TemplateHook {
+    let dir = PathBuf::from(&req.snapshot_path);
+    let count = req.count;
+    let nets = req.network_overrides.clone();
     let writable: Vec<usize> = specs
         .disks
         .iter()

@@ -97,14 +97,12 @@ pub fn serve(
                 let dir = PathBuf::from(&req.snapshot_path);
                 let started: Arc<Mutex<Option<Starting>>> = Arc::default();
                 let hook = template_hook(
-                    dir.clone(),
-                    req.count,
+                    &req,
                     &specs,
                     disk_handles.clone(),
                     tops.clone(),
                     pmem.clone(),
                     started.clone(),
-                    req.network_overrides.clone(),
                 );
                 let result = handle.template(dir, hook);
                 let starting = started.lock().unwrap_or_else(|p| p.into_inner()).take();
