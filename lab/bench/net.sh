@@ -14,21 +14,30 @@
 # exec (densevm only, same boot): $BENCH_EXEC_N runs of `densevm exec --no-stdin -- true`
 # against $BENCH_EXEC_N console round trips (`densevm console --send 'echo ...' --wait-for`),
 # each a fresh densevm process, timed by bash's EPOCHREALTIME in L1: medians and their ratio.
+# Paired small packets (first, before the sequential boots): the two VMMs of $BENCH_NET_PAIR
+# (default "densevm qemu", i.e. QEMU vhost=off) run at the same time on tap0 and tap1, and
+# short ping -A bursts alternate between them ($BENCH_NET_PAIR_ROUNDS rounds, default 10, of
+# $BENCH_NET_PAIR_PINGS, default 300, each way; the order flips every round): per-VMM medians
+# and the median and range of the per-round ratios. BENCH_NET_PAIR_ROUNDS=0 skips this,
+# BENCH_NET_VMMS= (empty) the sequential boots.
 # Everything is nested (L1 is QEMU TCG): compare the ratios, not the absolute figures.
 . "$LAB_SRC/lib/test-lib.sh"
 need_l2_densevm
 need_cmd tunctl ip nc ping bash
 [ -c /dev/net/tun ] || fail "/dev/net/tun missing in L1 (the tun module: lab/l1/modules.txt)"
-VMMS="${BENCH_NET_VMMS:-densevm qemu qemu-vhost}"
+VMMS="${BENCH_NET_VMMS-densevm qemu qemu-vhost}"
 MB="${BENCH_NET_MB:-64}"
 PINGS="${BENCH_NET_PINGS:-2000}"
 EXEC_N="${BENCH_EXEC_N:-20}"
+PAIR="${BENCH_NET_PAIR:-densevm qemu}"
+ROUNDS="${BENCH_NET_PAIR_ROUNDS:-10}"
+PP="${BENCH_NET_PAIR_PINGS:-300}"
 W=/tmp/bench-net
 tmpfs_workdir "$W"
 MAC=06:00:c0:a8:4d:02
 el() { awk -v a="$1" -v b="$(uptime_s)" 'BEGIN { printf "%.2f", b - a }'; }
 
-echo "# net + exec: $(date -u +%Y-%m-%dT%H:%MZ), L1 $(nproc) vCPUs, load $(cut -d' ' -f1-3 /proc/loadavg), kernel $GUEST_KERNEL_RELEASE, VMMs: $VMMS, $MB MiB per TCP transfer, $PINGS pings"
+echo "# net + exec: $(date -u +%Y-%m-%dT%H:%MZ), L1 $(nproc) vCPUs, load $(cut -d' ' -f1-3 /proc/loadavg), kernel $GUEST_KERNEL_RELEASE, VMMs: ${VMMS:-none}, $MB MiB per TCP transfer, $PINGS pings; paired: $PAIR, $ROUNDS rounds of $PP pings"
 tunctl -t tap0 > /dev/null || fail "tunctl -t tap0"
 ip addr add 192.168.77.1/24 dev tap0 || fail "ip addr add on tap0"
 ip link set tap0 up || fail "ip link set tap0 up"
@@ -94,7 +103,7 @@ bench_vmm() { # bench_vmm NAME: one boot; KEY=VALUE results in $W/res.NAME
   l2_follow "$log"
   if [ $st != 0 ]; then
     kill -9 "$vm" 2> /dev/null; kill $rxpid $txpid 2> /dev/null
-    cat "$log.err" 2> /dev/null | tail -n 5
+    tail -n 5 "$log.err" 2> /dev/null
     fail "$1: the guest did not finish its network measurements (status $st)"
   fi
   wait $rxpid
@@ -110,6 +119,7 @@ bench_vmm() { # bench_vmm NAME: one boot; KEY=VALUE results in $W/res.NAME
   if [ "$1" = densevm ]; then
     wait_for_line_pid "$log" READY-FOR-INPUT 120 "$vm" || fail "densevm: the guest did not get to its console loop"
     densevm exec --api-sock "$W/api.sock" --wait 120 --no-stdin -- true || fail "densevm exec true: exit $?"
+    # shellcheck disable=SC2016
     densevm console --sock "$W/console.sock" --send='echo W-$((1000+1))\n' --wait-for=W-1001 --console-file "$log" \
       --timeout 120 > /dev/null || fail "console warm-up: no W-1001"
     # shellcheck disable=SC2016
@@ -136,7 +146,144 @@ bench_vmm() { # bench_vmm NAME: one boot; KEY=VALUE results in $W/res.NAME
   wait $txpid 2> /dev/null
 }
 
+# ---- Paired small-packet phase: two VMMs at once, ping bursts alternated between them ----
+# Sequential boots minutes apart measured L1 -> guest ping -A at 0.21-2.78x QEMU over three
+# runs: L1 (TCG on a shared host) changes speed between them. Here the first VMM of
+# $BENCH_NET_PAIR runs on tap0 (192.168.77.0/24), the second on tap1 (192.168.78.0/24), both
+# guests idle in `nc -l` between bursts; each of $BENCH_NET_PAIR_ROUNDS rounds sends
+# $BENCH_NET_PAIR_PINGS `ping -A` from L1 to each guest (AB, then BA the next round, ...),
+# then tells each guest in the same order (a line on its port 5004) to ping L1 as many times,
+# timed in the guest. Per-round ratios A/B are taken between bursts seconds apart.
+
+pair_guest() { # pair_guest NET: the paired guest's script on 192.168.NET.0/24
+  printf '%s\n' "$GUEST_FNS"; cat <<SH
+el() { awk -v a="\$1" -v b="\$(now)" 'BEGIN { printf "%.2f", b - a }'; }
+wait_dev /sys/class/net/eth0
+ip link set lo up
+ip addr add 192.168.$1.2/24 dev eth0 || exit 10
+ip link set eth0 up || exit 11
+i=0; until ping -c 1 -W 1 192.168.$1.1 > /dev/null 2>&1; do i=\$((i + 1)); [ \$i -lt 60 ] || exit 12; done
+mkfifo /tmp/hold; exec 3<> /tmp/hold
+echo DENSEVM-PAIR-READY
+while :; do
+  timeout 1800 nc -l -p 5004 < /tmp/hold > /tmp/cmd || exit 13
+  read -r c k n < /tmp/cmd
+  case \$c in
+    ping) t=\$(now); ping -A -q -c "\$n" 192.168.$1.1 > /tmp/p 2>&1
+      mark "GPING-\$k" "\$(el \$t) \$(sed -n 's/.* \([0-9]*\) packets received.*/\1/p' /tmp/p)" ;;
+    exit) exit 0 ;;
+  esac
+done
+SH
+}
+
+pair_start() { # pair_start VMM TAP NET: boots VMM on TAP; its log is $W/pair.VMM.log
+  export L2_MODULES=virtio_pci,virtio_net L2_MEM=256M L2_APPEND=
+  case $1 in
+    densevm) L2_VMM=densevm ;;
+    qemu) L2_VMM=qemu L2_QEMU_VHOST=off ;;
+    qemu-vhost) L2_VMM=qemu L2_QEMU_VHOST=on ;;
+    *) fail "BENCH_NET_PAIR: unknown VMM $1" ;;
+  esac
+  export L2_VMM L2_QEMU_VHOST
+  echo "# paired: $1 on $2 (192.168.$3.2): boot"
+  l2_start "$W/pair.$1.log" "$GUEST_INITRD" "$(pair_guest "$3")" --net "tap=$2,mac=06:00:c0:a8:$(printf %x "$3"):02"
+  echo "$L2_PID" > "$W/pair.$1.pid"
+}
+
+pair_send() { # pair_send NET LINE: sends LINE to the guest's port 5004 (retried while it is busy)
+  _j=0
+  until echo "$2" | nc "192.168.$1.2" 5004 > /dev/null 2>&1; do
+    _j=$((_j + 1)); [ $_j -lt 100 ] || return 1; sleep 0.2
+  done
+}
+
+pair_l1_ping() { # pair_l1_ping VMM NET ROUND: one L1 -> guest burst; appends to $W/pair.txt
+  _t=$(uptime_s)
+  ping -A -q -c "$PP" "192.168.$2.2" > "$W/pping.out" 2>&1
+  _s=$(el "$_t")
+  _got=$(sed -n 's/.* \([0-9]*\) packets received.*/\1/p' "$W/pping.out")
+  echo "$3 $1 l1-guest $_s ${_got:-0}" >> "$W/pair.txt"
+}
+
+pair_guest_ping() { # pair_guest_ping VMM NET ROUND: one guest -> L1 burst, timed in the guest
+  pair_send "$2" "ping $3 $PP" || fail "paired: $1 does not take commands on 192.168.$2.2:5004"
+  wait_for_line_pid "$W/pair.$1.log" "DENSEVM-GPING-$3=" 300 "$(cat "$W/pair.$1.pid")" ||
+    fail "paired: $1's guest did not report its ping burst $3"
+  echo "$3 $1 guest-l1 $(guest_value "$W/pair.$1.log" "GPING-$3")" >> "$W/pair.txt"
+}
+
+bench_pair() {
+  # shellcheck disable=SC2086
+  set -- $PAIR
+  [ $# = 2 ] || fail "BENCH_NET_PAIR must name two VMMs, not '$PAIR'"
+  a=$1 b=$2
+  [ "$a" != "$b" ] || fail "BENCH_NET_PAIR: two different VMMs"
+  case " $PAIR " in *" qemu-vhost "*) [ -c /dev/vhost-net ] || modprobe vhost_net 2> /dev/null ;; esac
+  tunctl -t tap1 > /dev/null || fail "tunctl -t tap1"
+  ip addr add 192.168.78.1/24 dev tap1 || fail "ip addr add on tap1"
+  ip link set tap1 up || fail "ip link set tap1 up"
+  : > "$W/pair.txt"
+  pair_start "$a" tap0 77
+  pair_start "$b" tap1 78
+  for v in "$a" "$b"; do
+    wait_for_line_pid "$W/pair.$v.log" DENSEVM-PAIR-READY 900 "$(cat "$W/pair.$v.pid")" || {
+      tr -d '\r' < "$W/pair.$v.log" | tail -n 5; tail -n 5 "$W/pair.$v.log.err" 2> /dev/null
+      fail "paired: $v's guest did not get its network up"; }
+  done
+  echo "# paired: both guests up at $(uptime_s) s; $ROUNDS rounds of $PP pings each way, load $(cut -d' ' -f1-3 /proc/loadavg)"
+  # Warm-up (untimed): ARP entries, the first wake-ups.
+  ping -A -q -c 20 192.168.77.2 > /dev/null 2>&1; ping -A -q -c 20 192.168.78.2 > /dev/null 2>&1
+  r=1
+  while [ $r -le "$ROUNDS" ]; do
+    if [ $((r % 2)) = 1 ]; then o="$a:77 $b:78"; else o="$b:78 $a:77"; fi
+    for x in $o; do pair_l1_ping "${x%:*}" "${x#*:}" $r; done
+    for x in $o; do pair_guest_ping "${x%:*}" "${x#*:}" $r; done
+    r=$((r + 1))
+  done
+  for x in "$a:77" "$b:78"; do pair_send "${x#*:}" exit || echo "# paired: ${x%:*} did not take exit"; done
+  for v in "$a" "$b"; do
+    p=$(cat "$W/pair.$v.pid")
+    wait_for_line_pid "$W/pair.$v.log" DENSEVM-GUEST-EXIT= 60 "$p" || echo "# paired: $v's guest did not exit"
+    sleep 2; kill -9 "$p" 2> /dev/null; wait "$p" 2> /dev/null
+  done
+  ip link del tap1 2> /dev/null
+  echo "# paired raw (round vmm direction seconds replies):"
+  sed 's/^/#   /' "$W/pair.txt"
+  pair_table "$a" "$b" > "$W/pair.md"
+}
+
+pair_table() { # pair_table A B: per-VMM medians, median and range of the per-round ratios A/B
+  awk -v a="$1" -v b="$2" -v n="$PP" -v rounds="$ROUNDS" '
+    function median(v, k,   i, j, t) {
+      for (i = 2; i <= k; i++) { t = v[i]; for (j = i - 1; j >= 1 && v[j] > t; j--) v[j + 1] = v[j]; v[j + 1] = t }
+      return (k % 2) ? v[(k + 1) / 2] : (v[k / 2] + v[k / 2 + 1]) / 2
+    }
+    { if ($4 > 0) rate[$1, $2, $3] = n / $4; if ($5 != n) lost[$2, $3] += n - $5; if ($1 > last) last = $1 }
+    function row(label, dir,   r, k, x, y, z, lo, hi) {
+      k = 0
+      for (r = 1; r <= last; r++) if (((r, a, dir) in rate) && ((r, b, dir) in rate)) {
+        k++; x[k] = rate[r, a, dir]; y[k] = rate[r, b, dir]; z[k] = x[k] / y[k]
+        if (k == 1 || z[k] < lo) lo = z[k]; if (k == 1 || z[k] > hi) hi = z[k]
+      }
+      if (k == 0) { printf "| %s | n/a | n/a | n/a | n/a | 0 |\n", label; return }
+      printf "| %s | %.0f | %.0f | %.2f | %.2f-%.2f | %d |\n", label, median(x, k), median(y, k), median(z, k), lo, hi, k
+      if (((a, dir) in lost) || ((b, dir) in lost)) note = note sprintf("lost replies, %s: %s %d, %s %d\n", label, a, lost[a, dir], b, lost[b, dir])
+    }
+    END {
+      printf "| paired: %d rounds x %d ping -A, round trips/s | %s (median) | %s (median) | median of per-round %s/%s | per-round range | rounds |\n", rounds, n, a, b, a, b
+      print "|---|---:|---:|---:|---:|---:|"
+      row("L1 -> guest", "l1-guest")
+      row("guest -> L1", "guest-l1")
+      printf "%s", note
+    }' "$W/pair.txt"
+}
+
 failed=""
+if [ "$ROUNDS" -gt 0 ]; then
+  (bench_pair) || { failed="$failed paired"; for v in $PAIR; do kill -9 "$(cat "$W/pair.$v.pid" 2> /dev/null)" 2> /dev/null; done
+    ip link del tap1 2> /dev/null; sleep 1; echo "# paired phase FAILED (see the FAIL line above)"; }
+fi
 for vmm in $VMMS; do
   if ! (bench_vmm "$vmm"); then
     failed="$failed $vmm"
@@ -159,8 +306,12 @@ row() { # row LABEL KEY AWK-EXPR(v): densevm | QEMU vhost=off | densevm/QEMU | Q
       printf \"| %s | %s | %s | %s | %s |\n\", label, dv, qv, r, hv
     }"
 }
+if [ -s "$W/pair.md" ]; then
+  echo
+  cat "$W/pair.md"
+fi
 echo
-echo "| metric (higher is better) | densevm | QEMU 7.2 vhost=off | densevm/QEMU | QEMU 7.2 vhost=on |"
+echo "| sequential, one VMM after the other (higher is better) | densevm | QEMU 7.2 vhost=off | densevm/QEMU | QEMU 7.2 vhost=on |"
 echo "|---|---:|---:|---:|---:|"
 row "TCP guest -> L1, MiB/s" TX_S "mb / v"
 row "TCP L1 -> guest, MiB/s" RX_S "mb / v"
