@@ -16,9 +16,10 @@
 # each a fresh densevm process, timed by bash's EPOCHREALTIME in L1: medians and their ratio.
 # Paired small packets (first, before the sequential boots): the two VMMs of $BENCH_NET_PAIR
 # (default "densevm qemu", i.e. QEMU vhost=off) run at the same time on tap0 and tap1, and
-# short ping -A bursts alternate between them ($BENCH_NET_PAIR_ROUNDS rounds, default 10, of
-# $BENCH_NET_PAIR_PINGS, default 300, each way; the order flips every round): per-VMM medians
-# and the median and range of the per-round ratios. BENCH_NET_PAIR_ROUNDS=0 skips this,
+# short ping -A bursts alternate between them ($BENCH_NET_PAIR_ROUNDS rounds, default 30, of
+# $BENCH_NET_PAIR_PINGS, default 100, each way; the order flips every round): per-VMM medians
+# and the median and range of the per-round ratios, of the rate (wall time) and of ping's own
+# min and avg round-trip times (less hit by L1 stalls than the wall time of a burst). BENCH_NET_PAIR_ROUNDS=0 skips this,
 # BENCH_NET_VMMS= (empty) the sequential boots.
 # Everything is nested (L1 is QEMU TCG): compare the ratios, not the absolute figures.
 . "$LAB_SRC/lib/test-lib.sh"
@@ -30,8 +31,8 @@ MB="${BENCH_NET_MB:-64}"
 PINGS="${BENCH_NET_PINGS:-2000}"
 EXEC_N="${BENCH_EXEC_N:-20}"
 PAIR="${BENCH_NET_PAIR:-densevm qemu}"
-ROUNDS="${BENCH_NET_PAIR_ROUNDS:-10}"
-PP="${BENCH_NET_PAIR_PINGS:-300}"
+ROUNDS="${BENCH_NET_PAIR_ROUNDS:-30}"
+PP="${BENCH_NET_PAIR_PINGS:-100}"
 W=/tmp/bench-net
 tmpfs_workdir "$W"
 MAC=06:00:c0:a8:4d:02
@@ -155,9 +156,15 @@ bench_vmm() { # bench_vmm NAME: one boot; KEY=VALUE results in $W/res.NAME
 # then tells each guest in the same order (a line on its port 5004) to ping L1 as many times,
 # timed in the guest. Per-round ratios A/B are taken between bursts seconds apart.
 
+# summ FILE: "REPLIES MIN AVG" from a busybox ping summary (RTTs in ms; L1 and the guests).
+# shellcheck disable=SC2016
+PING_SUMM_FN='summ() { sed -n -e "s/.* \([0-9]*\) packets received.*/\1/p" -e "s|.*= \([0-9.]*\)/\([0-9.]*\)/.*|\1 \2|p" "$1" | tr "\n" " "; }'
+eval "$PING_SUMM_FN"
+
 pair_guest() { # pair_guest NET: the paired guest's script on 192.168.NET.0/24
   printf '%s\n' "$GUEST_FNS"; cat <<SH
 el() { awk -v a="\$1" -v b="\$(now)" 'BEGIN { printf "%.2f", b - a }'; }
+$PING_SUMM_FN
 wait_dev /sys/class/net/eth0
 ip link set lo up
 ip addr add 192.168.$1.2/24 dev eth0 || exit 10
@@ -170,7 +177,7 @@ while :; do
   read -r c k n < /tmp/cmd
   case \$c in
     ping) t=\$(now); ping -A -q -c "\$n" 192.168.$1.1 > /tmp/p 2>&1
-      mark "GPING-\$k" "\$(el \$t) \$(sed -n 's/.* \([0-9]*\) packets received.*/\1/p' /tmp/p)" ;;
+      mark "GPING-\$k" "\$(el \$t) \$(summ /tmp/p)" ;;
     exit) exit 0 ;;
   esac
 done
@@ -202,8 +209,7 @@ pair_l1_ping() { # pair_l1_ping VMM NET ROUND: one L1 -> guest burst; appends to
   _t=$(uptime_s)
   ping -A -q -c "$PP" "192.168.$2.2" > "$W/pping.out" 2>&1
   _s=$(el "$_t")
-  _got=$(sed -n 's/.* \([0-9]*\) packets received.*/\1/p' "$W/pping.out")
-  echo "$3 $1 l1-guest $_s ${_got:-0}" >> "$W/pair.txt"
+  echo "$3 $1 l1-guest $_s $(summ "$W/pping.out")" >> "$W/pair.txt"
 }
 
 pair_guest_ping() { # pair_guest_ping VMM NET ROUND: one guest -> L1 burst, timed in the guest
@@ -248,7 +254,7 @@ bench_pair() {
     sleep 2; kill -9 "$p" 2> /dev/null; wait "$p" 2> /dev/null
   done
   ip link del tap1 2> /dev/null
-  echo "# paired raw (round vmm direction seconds replies):"
+  echo "# paired raw (round vmm direction seconds replies min-rtt-ms avg-rtt-ms):"
   sed 's/^/#   /' "$W/pair.txt"
   pair_table "$a" "$b" > "$W/pair.md"
 }
@@ -259,22 +265,37 @@ pair_table() { # pair_table A B: per-VMM medians, median and range of the per-ro
       for (i = 2; i <= k; i++) { t = v[i]; for (j = i - 1; j >= 1 && v[j] > t; j--) v[j + 1] = v[j]; v[j + 1] = t }
       return (k % 2) ? v[(k + 1) / 2] : (v[k / 2] + v[k / 2 + 1]) / 2
     }
-    { if ($4 > 0) rate[$1, $2, $3] = n / $4; if ($5 != n) lost[$2, $3] += n - $5; if ($1 > last) last = $1 }
-    function row(label, dir,   r, k, x, y, z, lo, hi) {
+    {
+      if ($4 > 0) rate[$1, $2, $3] = n / $4
+      if (NF >= 7 && $6 > 0) { minrtt[$1, $2, $3] = $6 * 1000; avgrtt[$1, $2, $3] = $7 * 1000 }
+      if ($5 != n) lost[$2, $3] += n - $5
+      if ($1 > last) last = $1
+    }
+    # row LABEL DIR WHAT: per-VMM medians of WHAT (rate: round trips/s from the wall time;
+    # min, avg: ping RTTs in us) and the per-round speed ratios A/B (B/A for RTTs).
+    function row(label, dir, what,   r, k, x, y, z, lo, hi, u, v) {
       k = 0
-      for (r = 1; r <= last; r++) if (((r, a, dir) in rate) && ((r, b, dir) in rate)) {
-        k++; x[k] = rate[r, a, dir]; y[k] = rate[r, b, dir]; z[k] = x[k] / y[k]
+      for (r = 1; r <= last; r++) {
+        if (what == "rate") { u = rate[r, a, dir]; v = rate[r, b, dir] }
+        else if (what == "min") { u = minrtt[r, a, dir]; v = minrtt[r, b, dir] }
+        else { u = avgrtt[r, a, dir]; v = avgrtt[r, b, dir] }
+        if (u == "" || v == "" || u == 0 || v == 0) continue
+        k++; x[k] = u; y[k] = v; z[k] = (what == "rate") ? u / v : v / u
         if (k == 1 || z[k] < lo) lo = z[k]; if (k == 1 || z[k] > hi) hi = z[k]
       }
       if (k == 0) { printf "| %s | n/a | n/a | n/a | n/a | 0 |\n", label; return }
       printf "| %s | %.0f | %.0f | %.2f | %.2f-%.2f | %d |\n", label, median(x, k), median(y, k), median(z, k), lo, hi, k
-      if (((a, dir) in lost) || ((b, dir) in lost)) note = note sprintf("lost replies, %s: %s %d, %s %d\n", label, a, lost[a, dir], b, lost[b, dir])
+      if (what == "rate" && (((a, dir) in lost) || ((b, dir) in lost))) note = note sprintf("lost replies, %s: %s %d, %s %d\n", label, a, lost[a, dir], b, lost[b, dir])
     }
     END {
-      printf "| paired: %d rounds x %d ping -A, round trips/s | %s (median) | %s (median) | median of per-round %s/%s | per-round range | rounds |\n", rounds, n, a, b, a, b
+      printf "| paired: %d rounds x %d ping -A | %s (median) | %s (median) | median of per-round %s/%s speed | per-round range | rounds |\n", rounds, n, a, b, a, b
       print "|---|---:|---:|---:|---:|---:|"
-      row("L1 -> guest", "l1-guest")
-      row("guest -> L1", "guest-l1")
+      row("L1 -> guest, round trips/s", "l1-guest", "rate")
+      row("L1 -> guest, min RTT us", "l1-guest", "min")
+      row("L1 -> guest, avg RTT us", "l1-guest", "avg")
+      row("guest -> L1, round trips/s", "guest-l1", "rate")
+      row("guest -> L1, min RTT us", "guest-l1", "min")
+      row("guest -> L1, avg RTT us", "guest-l1", "avg")
       printf "%s", note
     }' "$W/pair.txt"
 }
