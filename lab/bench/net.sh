@@ -267,28 +267,30 @@ pair_table() { # pair_table A B: per-VMM medians, median and range of the per-ro
     }
     {
       if ($4 > 0) rate[$1, $2, $3] = n / $4
-      if (NF >= 7 && $6 > 0) { minrtt[$1, $2, $3] = $6 * 1000; avgrtt[$1, $2, $3] = $7 * 1000 }
+      # (a guest ping has reported a min RTT of 0.000 ms: such a figure is left out)
+      if (NF >= 6 && $6 > 0) minrtt[$1, $2, $3] = $6 * 1000
+      if (NF >= 7 && $7 > 0) avgrtt[$1, $2, $3] = $7 * 1000
       if ($5 != n) lost[$2, $3] += n - $5
       if ($1 > last) last = $1
     }
     # row LABEL DIR WHAT: per-VMM medians of WHAT (rate: round trips/s from the wall time;
     # min, avg: ping RTTs in us) and the per-round speed ratios A/B (B/A for RTTs).
-    function row(label, dir, what,   r, k, x, y, z, lo, hi, u, v) {
-      k = 0
+    function row(label, dir, what,   r, k, x, y, z, lo, hi, u, v, w) {
+      k = 0; w = 0
       for (r = 1; r <= last; r++) {
         if (what == "rate") { u = rate[r, a, dir]; v = rate[r, b, dir] }
         else if (what == "min") { u = minrtt[r, a, dir]; v = minrtt[r, b, dir] }
         else { u = avgrtt[r, a, dir]; v = avgrtt[r, b, dir] }
         if (u == "" || v == "" || u == 0 || v == 0) continue
-        k++; x[k] = u; y[k] = v; z[k] = (what == "rate") ? u / v : v / u
+        k++; x[k] = u; y[k] = v; z[k] = (what == "rate") ? u / v : v / u; if (z[k] > 1) w++
         if (k == 1 || z[k] < lo) lo = z[k]; if (k == 1 || z[k] > hi) hi = z[k]
       }
-      if (k == 0) { printf "| %s | n/a | n/a | n/a | n/a | 0 |\n", label; return }
-      printf "| %s | %.0f | %.0f | %.2f | %.2f-%.2f | %d |\n", label, median(x, k), median(y, k), median(z, k), lo, hi, k
+      if (k == 0) { printf "| %s | n/a | n/a | n/a | n/a | 0 of 0 |\n", label; return }
+      printf "| %s | %.0f | %.0f | %.2f | %.2f-%.2f | %d of %d |\n", label, median(x, k), median(y, k), median(z, k), lo, hi, w, k
       if (what == "rate" && (((a, dir) in lost) || ((b, dir) in lost))) note = note sprintf("lost replies, %s: %s %d, %s %d\n", label, a, lost[a, dir], b, lost[b, dir])
     }
     END {
-      printf "| paired: %d rounds x %d ping -A | %s (median) | %s (median) | median of per-round %s/%s speed | per-round range | rounds |\n", rounds, n, a, b, a, b
+      printf "| paired: %d rounds x %d ping -A | %s (median) | %s (median) | median of per-round %s/%s speed | per-round range | rounds %s faster |\n", rounds, n, a, b, a, b, a
       print "|---|---:|---:|---:|---:|---:|"
       row("L1 -> guest, round trips/s", "l1-guest", "rate")
       row("L1 -> guest, min RTT us", "l1-guest", "min")
