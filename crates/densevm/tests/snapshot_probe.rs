@@ -152,6 +152,56 @@ fn a_paused_probe_snapshot_restores_twice_and_continues_its_script() {
     );
 }
 
+/// A VM restored from a snapshot on tmpfs writes 16 MiB where its snapshot had nothing (a
+/// hole in the memory file): the memory file does not grow, since the writes land in
+/// anonymous memory mapped over the holes, not in the file and then in a private copy
+/// (crate::snapshot::holes in densevm-vmm); the guest reads back what it wrote.
+#[test]
+fn a_restored_vm_writing_into_holes_does_not_grow_the_memory_file() {
+    require_kvm();
+    use std::os::unix::fs::MetadataExt;
+    let shm = Path::new("/dev/shm");
+    assert!(
+        shm.is_dir(),
+        "this test needs a tmpfs at /dev/shm (a shmem memory file, where a private fault \
+         would fill holes)"
+    );
+    let tmp = TempDir(shm.join(format!("densevm-holes-{}", std::process::id())));
+    std::fs::create_dir_all(&tmp.0).unwrap();
+    let console = tmp.0.join("parent.console");
+    let script =
+        "write ram 1M 1M 0x11; sleep 1500; write ram 32M 16M 0x22; sum ram 32M 16M; exit 5";
+    let (mut parent, sock) = start(&tmp.0, script, &console);
+    wait_for(&console, "sleep 1500 ms");
+    vm(&["pause"], &sock);
+    let snap = tmp.0.join("snap");
+    vm(&["snapshot", "--dir", snap.to_str().unwrap()], &sock);
+    parent.kill().unwrap();
+    parent.wait().unwrap();
+    let memory = snap.join("memory");
+    let before = std::fs::metadata(&memory).unwrap().blocks() * 512;
+    let out = densevm()
+        .args(["run", "--timeout", "600", "--restore"])
+        .arg(&snap)
+        .output()
+        .unwrap();
+    let text = stdout(&out);
+    assert_eq!(
+        out.status.code(),
+        Some(5),
+        "restored: {text}{}",
+        stderr(&out)
+    );
+    let sum = sum_line("32M", "16M", 0x22, 16 << 20);
+    assert!(text.contains(&sum), "restored: {text}");
+    let after = std::fs::metadata(&memory).unwrap().blocks() * 512;
+    assert!(
+        after < before + (1 << 20),
+        "the memory file grew from {before} to {after} bytes while the restored VM wrote \
+         16 MiB into its holes"
+    );
+}
+
 /// Clones of a running probe (POST /clones): each clone finishes the script with the
 /// parent's memory, the parent keeps running, and the pages nobody wrote after the
 /// freeze exist once: a clone's guest-RAM PSS is well below its RSS. After the shared

@@ -285,7 +285,9 @@ impl Vmm {
                 return Err(failed("freezing guest RAM (the VM is stopped)")(e));
             }
         }
+        let holes = crate::snapshot::holes::cover_holes(self.memory.regions(), &file);
         *ram = RamFile::new(Some(file), false);
+        ram.set_anon_holes(holes);
         drop(ram);
         tracing::debug!("template: RAM frozen after {:?}", t0.elapsed());
         hooked.map_err(ControlError::Failed)?;

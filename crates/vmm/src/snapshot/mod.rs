@@ -19,6 +19,7 @@
 
 pub mod create;
 pub mod fuzz;
+pub mod holes;
 pub mod ram;
 pub mod restore;
 

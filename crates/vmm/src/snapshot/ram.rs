@@ -8,6 +8,7 @@
 //! drop the old translations), so from then on every writer, parent included, writes
 //! private copies and the file never changes again.
 
+use super::holes::AnonHoles;
 use crate::memory::{is_ram, RegionInfo, RegionKind};
 use std::fs::File;
 use std::io;
@@ -70,7 +71,7 @@ fn is_zero(buf: &[u8]) -> bool {
 }
 
 /// The data ranges of `file` inside `[from, to)` (SEEK_DATA / SEEK_HOLE).
-fn data_ranges(file: &File, from: u64, to: u64) -> io::Result<Vec<(u64, u64)>> {
+pub(super) fn data_ranges(file: &File, from: u64, to: u64) -> io::Result<Vec<(u64, u64)>> {
     let fd = file.as_raw_fd();
     let mut ranges = Vec::new();
     let mut pos = from;
@@ -177,10 +178,16 @@ enum Pages {
     All,
 }
 
-/// Copies pages of `region` to `out` at offset = guest address. With `skip_zero`,
-/// all-zero pages are left out (the file is sparse there); over a template they must be
-/// written, since the template may hold data at that offset.
-fn copy_pages(region: &RegionInfo, out: &File, which: Pages, skip_zero: bool) -> io::Result<u64> {
+/// Copies pages of `region` to `out` at offset = guest address. All-zero pages whose
+/// guest address `skip_zero` accepts are left out (the file is sparse there); over a
+/// template they must be written, since the template may hold data at that offset, except
+/// over its holes.
+fn copy_pages(
+    region: &RegionInfo,
+    out: &File,
+    which: Pages,
+    skip_zero: &dyn Fn(u64) -> bool,
+) -> io::Result<u64> {
     let pagemap = File::open("/proc/self/pagemap")?;
     let pages = region.size / PAGE;
     let mut entries = vec![0u8; 8 * 4096];
@@ -211,7 +218,7 @@ fn copy_pages(region: &RegionInfo, out: &File, which: Pages, skip_zero: bool) ->
         for (i, entry) in bytes.chunks_exact(8).enumerate() {
             let index = page + i as u64;
             let mut copy = which == Pages::All || is_private(entry);
-            if copy && skip_zero {
+            if copy && skip_zero(region.gpa + index * PAGE) {
                 // SAFETY: inside the region's live mapping, as above.
                 let data = unsafe {
                     std::slice::from_raw_parts(
@@ -249,6 +256,9 @@ pub struct RamFile {
     /// The memory tier keeping a shared RAM file under a DRAM budget (`--memory-budget`,
     /// crate::tiering): pages it moved out are holes in the file.
     pub tier: Option<densevm_tier::Tier>,
+    /// RAM mapped private over the file's holes is anonymous memory there
+    /// (crate::snapshot::holes).
+    anon_holes: AnonHoles,
 }
 
 impl std::fmt::Debug for RamFile {
@@ -270,7 +280,18 @@ impl RamFile {
             shared,
             discarded: Vec::new(),
             tier: None,
+            anon_holes: AnonHoles::default(),
         }
+    }
+
+    /// Records the ranges [`cover_holes`](super::holes::cover_holes) made anonymous.
+    pub fn set_anon_holes(&mut self, holes: AnonHoles) {
+        self.anon_holes = holes;
+    }
+
+    /// The ranges of RAM that are anonymous memory over the file's holes.
+    pub fn anon_holes(&self) -> &AnonHoles {
+        &self.anon_holes
     }
 
     /// Moves every page the tier holds back into the RAM file and ends the tier, so that
@@ -409,7 +430,7 @@ pub fn write_memory(regions: &[RegionInfo], ram: &RamFile, out: &File) -> io::Re
     for r in regions.iter().filter(|r| r.kind != RegionKind::External) {
         end = end.max(r.gpa + r.size);
         if !is_ram(&r.name) {
-            written += copy_pages(r, out, Pages::All, true)?;
+            written += copy_pages(r, out, Pages::All, &|_| true)?;
             continue;
         }
         // With a RAM file every RAM region maps it (shared, or private once frozen).
@@ -429,10 +450,11 @@ pub fn write_memory(regions: &[RegionInfo], ram: &RamFile, out: &File) -> io::Re
                             zero_range(out, from, to - from)?;
                         }
                     }
-                    written += copy_pages(r, out, Pages::Private, false)?;
+                    let holes = &ram.anon_holes;
+                    written += copy_pages(r, out, Pages::Private, &|gpa| holes.covers(gpa))?;
                 }
             }
-            None => written += copy_pages(r, out, Pages::Private, true)?,
+            None => written += copy_pages(r, out, Pages::Private, &|_| true)?,
         }
     }
     if out.metadata()?.len() < end {
@@ -458,8 +480,24 @@ pub fn matches_template(regions: &[RegionInfo], ram: &RamFile) -> io::Result<boo
             let n = (pages - page).min(4096);
             let bytes = &mut entries[..(8 * n) as usize];
             pagemap.read_exact_at(bytes, (r.host_addr / PAGE + page) * 8)?;
-            if bytes.chunks_exact(8).any(is_private) {
-                return Ok(false);
+            for (i, entry) in bytes.chunks_exact(8).enumerate() {
+                if !is_private(entry) {
+                    continue;
+                }
+                // A page only read over a hole (or written back to zeros) still reads as
+                // the template there.
+                let index = page + i as u64;
+                let gpa = r.gpa + index * PAGE;
+                // SAFETY: inside the region's live mapping; the VM is paused.
+                let data = unsafe {
+                    std::slice::from_raw_parts(
+                        (r.host_addr + index * PAGE) as *const u8,
+                        PAGE as usize,
+                    )
+                };
+                if !(ram.anon_holes.covers(gpa) && is_zero(data)) {
+                    return Ok(false);
+                }
             }
             page += n;
         }
@@ -476,7 +514,7 @@ pub fn write_windows(regions: &[RegionInfo], file: &File) -> io::Result<u64> {
         .iter()
         .filter(|r| !is_ram(&r.name) && r.kind != RegionKind::External)
     {
-        written += copy_pages(r, file, Pages::All, true)?;
+        written += copy_pages(r, file, Pages::All, &|_| true)?;
     }
     Ok(written)
 }

@@ -161,10 +161,12 @@ pub fn build_restored(
     let mut devices: Vec<_> = parts.devices.into_iter().chain(devices).collect();
     // The RAM is private over the memory file (or template): a balloon release maps zeros
     // over the range and remembers it (`RamFile::discard`).
-    let ram = Arc::new(std::sync::Mutex::new(RamFile::new(
-        Some(file.clone()),
-        false,
-    )));
+    // Writes into the file's holes go to anonymous memory, not into the file and then a
+    // private copy (crate::snapshot::holes).
+    let mut ram_file = RamFile::new(Some(file.clone()), false);
+    ram_file.set_anon_holes(crate::snapshot::holes::cover_holes(memory.regions(), &file));
+    trace.mark("holes_covered");
+    let ram = Arc::new(std::sync::Mutex::new(ram_file));
     let balloon = match &state.balloon {
         Some(config) => {
             let (device, balloon) =
