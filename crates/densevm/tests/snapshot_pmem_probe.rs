@@ -5,7 +5,9 @@
 
 mod common;
 
-use common::{assert_image_clean, densevm, require_kvm, stderr, stdout, vm, wait_for, TempDir};
+use common::{
+    assert_image_clean, densevm, require_kvm, stderr, stdout, vm, wait_for, wait_for_line, TempDir,
+};
 use densevm_probe::probe_checksum;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
@@ -99,7 +101,7 @@ fn clones_of_a_probe_with_pmem_each_write_their_own_overlay() {
     }
     let before = sum_line("pmem0 0 1M", 0x11, 1 << 20);
     for (console, overlay, byte) in &vms {
-        wait_for(console, "sum pmem0 0 1M");
+        wait_for_line(console, "sum pmem0 0 1M");
         let text = std::fs::read_to_string(console).unwrap();
         let own = sum_line("pmem0 1M 64K", *byte, 64 * K);
         assert!(

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{densevm, require_kvm, stderr, stdout, vm, wait_for, TempDir};
+use common::{densevm, require_kvm, stderr, stdout, vm, wait_for, wait_for_line, TempDir};
 use densevm_probe::probe_checksum;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
@@ -269,7 +269,7 @@ fn clones_of_a_running_probe_share_unwritten_memory() {
     };
     let mut own_sums = Vec::new();
     for (name, console, byte) in &vms[1..] {
-        wait_for(console, "sum ram 9M 1M = ");
+        wait_for_line(console, "sum ram 9M 1M = ");
         own_sums.push(own_sum(name, console, *byte));
     }
     let mut ratios = Vec::new();

@@ -122,3 +122,23 @@ pub fn vm(args: &[&str], sock: &std::path::Path) -> String {
     );
     stdout(&out)
 }
+
+/// Waits until `console` holds `text` and the rest of its line (the console is written
+/// as the guest prints: the checksum after `text` may not be there yet).
+pub fn wait_for_line(console: &std::path::Path, text: &str) {
+    wait_for(console, text);
+    let t = std::time::Instant::now();
+    loop {
+        let all = std::fs::read_to_string(console).unwrap();
+        let rest = &all[all.find(text).unwrap_or(0)..];
+        if rest.contains('\n') {
+            return;
+        }
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(30),
+            "{}: the line starting with `{text}` never ended: {rest}",
+            console.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
