@@ -489,6 +489,10 @@ fn bind_taps(plan: &Plan) -> Result<()> {
 }
 
 /// `pivot_root` into `root`, the old root detached, the new root's own tmpfs read-only.
+/// When the current root is the initramfs (rootfs), where `pivot_root` fails with EINVAL,
+/// every other mount not above `root` is detached and `root` is moved over `/` and
+/// chrooted into (what `switch_root` does); without capabilities the process cannot leave
+/// a chroot.
 fn pivot(root: &Path) -> Result<()> {
     let c = cstr(root)?;
     let dot = c".";
@@ -498,13 +502,28 @@ fn pivot(root: &Path) -> Result<()> {
         check(libc::chdir(c.as_ptr()), || {
             format!("chdir {}", root.display())
         })?;
-        check(
-            libc::syscall(libc::SYS_pivot_root, dot.as_ptr(), dot.as_ptr()) as libc::c_int,
-            || format!("pivot_root {}", root.display()),
-        )?;
-        check(libc::umount2(dot.as_ptr(), libc::MNT_DETACH), || {
-            "umount the old root".into()
-        })?;
+        if libc::syscall(libc::SYS_pivot_root, dot.as_ptr(), dot.as_ptr()) == 0 {
+            check(libc::umount2(dot.as_ptr(), libc::MNT_DETACH), || {
+                "umount the old root".into()
+            })?;
+        } else if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL)
+            && on_rootfs()
+        {
+            detach_others(root);
+            let r = libc::mount(
+                c.as_ptr(),
+                c"/".as_ptr(),
+                std::ptr::null(),
+                libc::MS_MOVE,
+                std::ptr::null(),
+            );
+            check(r, || format!("mount --move {} /", root.display()))?;
+            check(libc::chroot(dot.as_ptr()), || {
+                format!("chroot {}", root.display())
+            })?;
+        } else {
+            return Err(JailError::sys(format!("pivot_root {}", root.display())));
+        }
         check(libc::chdir(c"/".as_ptr()), || "chdir /".into())?;
     }
     mount(
@@ -514,6 +533,39 @@ fn pivot(root: &Path) -> Result<()> {
         libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NOEXEC,
         None,
     )
+}
+
+/// True when `/` is the initramfs (`rootfs`), which `pivot_root` cannot leave.
+fn on_rootfs() -> bool {
+    fs::read_to_string("/proc/self/mountinfo").is_ok_and(|t| {
+        t.lines().any(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            let fstype = f.iter().skip_while(|x| **x != "-").nth(1);
+            f.get(4) == Some(&"/") && matches!(fstype, Some(&"rootfs") | Some(&"ramfs"))
+        })
+    })
+}
+
+/// Detaches every mount of this (private) namespace that is neither `/`, nor `root` or
+/// below it, nor above it: after the move they would stay in the mount table.
+fn detach_others(root: &Path) {
+    let Ok(text) = fs::read_to_string("/proc/self/mountinfo") else {
+        return;
+    };
+    let mut points: Vec<PathBuf> = text
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|p| PathBuf::from(p.replace("\\040", " ")))
+        .filter(|p| p != Path::new("/") && !p.starts_with(root) && !root.starts_with(p))
+        .collect();
+    points.sort_by_key(|p| std::cmp::Reverse(p.as_os_str().len()));
+    points.dedup();
+    for p in points {
+        if let Ok(c) = cstr(&p) {
+            // SAFETY: a NUL-terminated path; failures (already gone with a parent) are fine.
+            unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+        }
+    }
 }
 
 #[repr(C)]
