@@ -338,7 +338,16 @@ fn sigterm_to_the_outer_process_ends_the_jailed_vm() {
         .spawn()
         .unwrap();
     let pid = jailed_pid(&mut outer);
-    let cgs = cgroup_dirs(pid);
+    // The outer process moves the child into its cgroup right after the fork.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let cgs = loop {
+        let cgs = cgroup_dirs(pid);
+        if !cgs.is_empty() && cgs.iter().all(|d| d.ends_with(format!("densevm/{id}"))) {
+            break cgs;
+        }
+        assert!(Instant::now() < deadline, "not in densevm/{id}: {cgs:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    };
     std::thread::sleep(Duration::from_millis(300));
     // SAFETY: kill of our own child.
     unsafe { libc::kill(outer.id() as i32, libc::SIGTERM) };
