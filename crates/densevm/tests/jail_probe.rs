@@ -165,6 +165,7 @@ fn jailed_probe_vm_reaches_only_its_files_as_an_unprivileged_uid() {
     chown(&top);
     let id = format!("jt-{}", std::process::id());
     let sock = api.join("vm.sock");
+    let console_sock = api.join("console.sock");
     let mut args: Vec<String> = [
         "run",
         "--timeout",
@@ -178,6 +179,8 @@ fn jailed_probe_vm_reaches_only_its_files_as_an_unprivileged_uid() {
         top.to_str().unwrap(),
         "--api-sock",
         sock.to_str().unwrap(),
+        "--console-sock",
+        console_sock.to_str().unwrap(),
     ]
     .iter()
     .map(|s| s.to_string())
@@ -211,8 +214,10 @@ fn jailed_probe_vm_reaches_only_its_files_as_an_unprivileged_uid() {
         Path::new("/"),
         &mut found,
     );
+    wait_for(&console_sock);
     let mut expected = listed.clone();
     expected.insert(sock.clone());
+    expected.insert(console_sock.clone());
     assert_eq!(found, expected, "the jail's files differ from --jail-list");
     // And, independently of --jail-list: the devices, /proc, the images, the socket's
     // directory, and the binary with its ELF interpreter and libraries (for clones).
@@ -221,7 +226,13 @@ fn jailed_probe_vm_reaches_only_its_files_as_an_unprivileged_uid() {
         .iter()
         .map(PathBuf::from)
         .collect();
-    own.extend([top.clone(), base.clone(), sock.clone(), exe.clone()]);
+    own.extend([
+        top.clone(),
+        base.clone(),
+        sock.clone(),
+        console_sock.clone(),
+        exe.clone(),
+    ]);
     let own = with_ancestors(&own);
     for p in &found {
         let lib = p.to_str().unwrap().contains(".so") || p.starts_with("/lib64");
