@@ -427,3 +427,64 @@ fn jail_flag_errors_say_what_to_do() {
     ]);
     assert!(e.contains("/nonexistent-densevm.pcow"), "{e}");
 }
+
+#[test]
+fn a_jailed_vm_snapshots_into_its_bound_directory_and_restores_jailed() {
+    require_kvm();
+    require_root();
+    let t = TempDir::new("jail-snap");
+    let root = t.0.join("root");
+    let api = t.0.join("api");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::create_dir_all(&api).unwrap();
+    chown(&api);
+    let sock = api.join("vm.sock");
+    let snap = api.join("snap");
+    let mut outer = densevm()
+        .args([
+            "run",
+            "--timeout",
+            "120",
+            "--api-sock",
+            sock.to_str().unwrap(),
+        ])
+        .args([
+            "--probe",
+            "write ram 0 1M 0x5a; sleep 2000; sum ram 0 1M; exit 5",
+        ])
+        .args(jail_args(&root, &format!("js-{}", std::process::id())))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for(&sock);
+    // The directory is a path inside the jail (the same path: the socket's directory).
+    let out = densevm()
+        .args(["vm", "snapshot", "--api-sock", sock.to_str().unwrap()])
+        .args(["--dir", snap.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "snapshot: {}", stderr(&out));
+    let first = outer.wait_with_output().unwrap();
+    assert_eq!(first.status.code(), Some(5), "{}", stderr(&first));
+    let sum = |o: &std::process::Output| {
+        stdout(o)
+            .lines()
+            .find(|l| l.starts_with("sum ram"))
+            .map(str::to_string)
+            .unwrap_or_else(|| panic!("no sum: {}{}", stdout(o), stderr(o)))
+    };
+    let restored = densevm()
+        .args([
+            "run",
+            "--timeout",
+            "120",
+            "--restore",
+            snap.to_str().unwrap(),
+        ])
+        .args(jail_args(&root, &format!("jr-{}", std::process::id())))
+        .output()
+        .unwrap();
+    assert_eq!(restored.status.code(), Some(5), "{}", stderr(&restored));
+    assert_eq!(sum(&restored), sum(&first));
+}
