@@ -269,3 +269,33 @@ pub fn enter(args: &mut RunArgs) -> anyhow::Result<Option<i32>> {
         Launched::Exited(code) => Ok(Some(code)),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_elf_interpreter_of_this_binary_is_found() {
+        let exe = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+        let interp = interpreter(&exe).expect("a dynamically linked test binary has PT_INTERP");
+        assert!(interp.is_absolute() && interp.exists(), "{interp:?}");
+        assert_eq!(interpreter(b"#!/bin/sh\n"), None);
+        assert_eq!(interpreter(&exe[..64]), None);
+    }
+
+    #[test]
+    fn exec_files_hold_the_binary_its_interpreter_and_libc() {
+        let files = exec_files().unwrap();
+        assert_eq!(files[0], std::env::current_exe().unwrap());
+        assert!(
+            files
+                .iter()
+                .any(|f| f.to_string_lossy().contains("libc.so")),
+            "{files:?}"
+        );
+        assert!(
+            files.iter().all(|f| f.is_absolute() && f.exists()),
+            "{files:?}"
+        );
+    }
+}
