@@ -440,7 +440,7 @@ fn a_jailed_vm_snapshots_into_its_bound_directory_and_restores_jailed() {
     chown(&api);
     let sock = api.join("vm.sock");
     let snap = api.join("snap");
-    let mut outer = densevm()
+    let outer = densevm()
         .args([
             "run",
             "--timeout",
