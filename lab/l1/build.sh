@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the cached parts of the L1 lab initramfs under build/lab/:
-#   l1-base.cpio.gz  busybox-static, bash, kvm/9p/virtio modules, QEMU + libs + ROMs,
+#   l1-base.cpio.gz  busybox-static, bash, iproute2's ip (as iproute2-ip), kvm/9p/virtio
+#                    modules, QEMU + libs + ROMs,
 #                    e2fsprogs' e2fsck and debugfs (check and read guest ext4 images), init
 #   l1-guest.cpio    the L2 artifacts from build/guest/ at /guest (uncompressed: fast to unpack)
 # Each is rebuilt only when its inputs change. `lab/run` appends a small per-run
@@ -43,6 +44,11 @@ if newer l1-base.cpio.gz "$here/init" "$here/modules.txt" "$qemu" /bin/busybox \
   done
   copy_with_libs "$root" /bin/bash "$qemu" /sbin/e2fsck /sbin/debugfs
   ln -sf /bin/bash "$root/usr/bin/bash"
+  # iproute2's ip as iproute2-ip (busybox's ip stays `ip`): `ip tuntap add ... user N`
+  # makes a tap an unprivileged jailed VMM may open (lab/tests/jail.sh).
+  [ -x /bin/ip ] || die "missing /bin/ip; apt-get install iproute2"
+  copy_with_libs "$root" /bin/ip
+  mv "$root/bin/ip" "$root/usr/bin/iproute2-ip"
   # QEMU finds its firmware in /usr/share/qemu and /usr/share/seabios (Debian build).
   mkdir -p "$root/usr/share/qemu" "$root/usr/share/seabios"
   for rom in linuxboot.bin linuxboot_dma.bin kvmvapic.bin pvh.bin multiboot.bin multiboot_dma.bin; do

@@ -19,6 +19,11 @@ struct Daemon {
 impl Daemon {
     /// `densevm fleet serve` in a fresh directory named after `tag`, ticking every 200 ms.
     fn start(tag: &str) -> Self {
+        Self::start_with(tag, |_| Vec::new())
+    }
+
+    /// [`Daemon::start`] with more daemon arguments, made from the daemon's directory.
+    fn start_with(tag: &str, extra: impl FnOnce(&Path) -> Vec<String>) -> Self {
         // Short: socket paths are limited to 107 bytes.
         let dir = std::env::temp_dir().join(format!("dv{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -30,6 +35,7 @@ impl Daemon {
             .arg("--sock")
             .arg(&sock)
             .args(["--tick-ms", "200", "--grace-secs", "2"])
+            .args(extra(&dir))
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
@@ -302,5 +308,89 @@ fn a_fleet_probe_vm_with_a_budget_shows_its_tier_and_obeys_a_new_budget() {
     assert!(stderr(&out).contains("out of range"), "{}", stderr(&out));
 
     json(&sock, &["delete", "t0"]);
+    drop(daemon);
+}
+
+#[test]
+fn a_jailed_fleet_vm_runs_unprivileged_is_measured_and_deleted() {
+    require_kvm();
+    // SAFETY: geteuid has no arguments.
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "jailed VMs need a root daemon"
+    );
+    let daemon = Daemon::start_with("j", |dir| {
+        let jail = dir.join("jail");
+        std::fs::create_dir_all(&jail).unwrap();
+        [
+            "--jail-root",
+            jail.to_str().unwrap(),
+            "--jail-uid",
+            "64125",
+            "--jail-gid",
+            "64125",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    });
+    let sock = daemon.sock.clone();
+    let vm = json(
+        &sock,
+        &[
+            "create",
+            "--id",
+            "j0",
+            "--memory",
+            "64M",
+            "--probe",
+            "touch 16M; sleep 60000; exit 0",
+        ],
+    );
+    assert_eq!(vm["status"], "running", "{vm}");
+    let outer = vm["pid"].as_u64().unwrap();
+    let children = std::fs::read_to_string(format!("/proc/{outer}/task/{outer}/children")).unwrap();
+    let vmm: u64 = children.split_whitespace().next().unwrap().parse().unwrap();
+    let status = std::fs::read_to_string(format!("/proc/{vmm}/status")).unwrap();
+    assert!(
+        status.contains("Uid:\t64125\t64125\t64125\t64125"),
+        "{status}"
+    );
+    let root = std::fs::read_link(format!("/proc/{vmm}/root")).unwrap();
+    assert_eq!(root, Path::new("/"));
+    let vm_dir = daemon.dir.join("state/vms/j0");
+    assert!(
+        Path::new(&format!(
+            "/proc/{vmm}/root{}",
+            vm_dir.join("api.sock").display()
+        ))
+        .exists(),
+        "the API socket is not in the jail"
+    );
+    let cgroups = std::fs::read_to_string(format!("/proc/{vmm}/cgroup")).unwrap();
+    assert!(cgroups.contains("/densevm/j0"), "{cgroups}");
+
+    // The daemon measures the jailed VMM, not the outer process.
+    let t0 = Instant::now();
+    loop {
+        let text = fleet(&sock, &["metrics"]);
+        if metric(&text, "densevm_fleet_vm_rss_bytes", "j0").unwrap_or(0.0) >= 16.0 * 1048576.0 {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "no RSS >= 16 MiB for j0:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let gone = json(&sock, &["delete", "j0"]);
+    assert_eq!(gone["status"], "exited", "{gone}");
+    assert!(
+        !Path::new(&format!("/proc/{vmm}/cmdline")).exists()
+            || std::fs::read(format!("/proc/{vmm}/cmdline"))
+                .unwrap_or_default()
+                .is_empty()
+    );
     drop(daemon);
 }

@@ -147,7 +147,7 @@ impl Fleet {
                     let pending =
                         (v.pending && tick % PENDING_RETRY_TICKS == 0).then_some(v.balloon_mib);
                     let tiered = v.budget_mib.is_some();
-                    (v.id.clone(), v.pid(), v.control(), pending, tiered)
+                    (v.id.clone(), v.vmm_pid(), v.control(), pending, tiered)
                 })
                 .collect();
             (tick, targets)

@@ -58,6 +58,11 @@ pub trait VmControl: Send + Sync {
 pub trait VmProcess: Send {
     /// Its process id.
     fn pid(&self) -> u32;
+    /// The process running the VM, to measure (RSS, PSS, CPU): [`VmProcess::pid`] unless
+    /// the VM is jailed, where that is the outer process and the VMM is its child.
+    fn vmm_pid(&self) -> u32 {
+        self.pid()
+    }
     /// How it ended, once it has (reaps it).
     fn try_wait(&mut self) -> Result<Option<String>, String>;
     /// Sends `signal` to its process group.
@@ -151,11 +156,51 @@ pub fn signal_group(pid: u32, signal: i32) -> Result<(), String> {
     Ok(())
 }
 
+/// Every VM jailed (`densevm run --jail ROOT/ID --uid UID --gid GID --jail-id ID`):
+/// docs/security.md, `## Jailed launch`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JailConfig {
+    /// Where each VM's jail directory `ROOT/ID` is made (outside the state directory).
+    pub root: PathBuf,
+    /// The uid the VMMs run as.
+    pub uid: u32,
+    /// The gid the VMMs run as.
+    pub gid: u32,
+}
+
+impl JailConfig {
+    /// The `densevm run` arguments that jail VM `id`, after creating its jail directory
+    /// and giving the VM's own directory (`vm_dir`: its sockets) to the jail's uid.
+    pub fn prepare(&self, id: &str, vm_dir: &Path) -> Result<Vec<String>, String> {
+        let dir = self.root.join(id);
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| format!("cannot create the jail directory {}: {e}", dir.display()))?;
+        std::os::unix::fs::chown(vm_dir, Some(self.uid), Some(self.gid)).map_err(|e| {
+            format!(
+                "cannot give {} to uid {} (the jailed VMM creates its sockets there): {e}",
+                vm_dir.display(),
+                self.uid
+            )
+        })?;
+        Ok(vec![
+            "--jail".into(),
+            dir.display().to_string(),
+            "--uid".into(),
+            self.uid.to_string(),
+            "--gid".into(),
+            self.gid.to_string(),
+            "--jail-id".into(),
+            id.into(),
+        ])
+    }
+}
+
 /// Runs `densevm run` processes.
 #[derive(Debug, Clone)]
 pub struct ProcessLauncher {
     densevm: PathBuf,
     ready_timeout: Duration,
+    jail: Option<JailConfig>,
 }
 
 impl ProcessLauncher {
@@ -164,7 +209,14 @@ impl ProcessLauncher {
         Self {
             densevm: densevm.into(),
             ready_timeout: Duration::from_secs(30),
+            jail: None,
         }
+    }
+
+    /// Jails every VM it starts.
+    pub fn with_jail(mut self, jail: Option<JailConfig>) -> Self {
+        self.jail = jail;
+        self
     }
 
     /// How long a VM may take to serve its API.
@@ -178,11 +230,31 @@ impl ProcessLauncher {
 pub struct ChildVm {
     child: Child,
     control: Arc<ApiControl>,
+    jailed: bool,
+}
+
+/// The first child of process `pid` (a jailed VM's VMM, PID 1 of its namespace).
+pub fn first_child(pid: u32) -> Option<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 impl VmProcess for ChildVm {
     fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    fn vmm_pid(&self) -> u32 {
+        let pid = self.child.id();
+        if self.jailed {
+            first_child(pid).unwrap_or(pid)
+        } else {
+            pid
+        }
     }
 
     fn try_wait(&mut self) -> Result<Option<String>, String> {
@@ -206,9 +278,14 @@ impl Launcher for ProcessLauncher {
         let out = File::create(&plan.console)
             .map_err(|e| format!("cannot create {}: {e}", plan.console.display()))?;
         let err = out.try_clone().map_err(|e| e.to_string())?;
+        let jail_args = match (&self.jail, plan.api_sock.parent()) {
+            (Some(j), Some(dir)) => j.prepare(&plan.id, dir)?,
+            _ => Vec::new(),
+        };
         let mut cmd = Command::new(&self.densevm);
         cmd.arg("run")
             .args(&plan.run_args)
+            .args(&jail_args)
             // Its own process group: signals to the daemon's group spare the VMs, and the
             // daemon can restart without taking them down.
             .process_group(0)
@@ -246,6 +323,7 @@ impl Launcher for ProcessLauncher {
         let mut vm = ChildVm {
             child,
             control: Arc::new(ApiControl::new(&plan.api_sock)),
+            jailed: self.jail.is_some(),
         };
         if let Err(e) = wait_ready(&mut vm, plan, self.ready_timeout) {
             let _ = vm.signal(libc::SIGKILL);

@@ -103,6 +103,11 @@ impl Vm {
         self.process.pid()
     }
 
+    /// The process running the VM (the jailed VMM of a jailed VM), to measure.
+    pub fn vmm_pid(&self) -> u32 {
+        self.process.vmm_pid()
+    }
+
     /// Its control channel.
     pub fn control(&self) -> Arc<dyn VmControl> {
         self.process.control()

@@ -6,7 +6,7 @@ use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
 use densevm_fleet::cgroup::{self, Cgroups};
 use densevm_fleet::host::ProcFs;
-use densevm_fleet::launcher::ProcessLauncher;
+use densevm_fleet::launcher::{JailConfig, ProcessLauncher};
 use densevm_fleet::policy::{PolicyConfig, Priority};
 use densevm_fleet::registry::{Registry, RegistryConfig};
 use densevm_fleet::types::{CgroupInfo, VmCreate, VmExec, VmInfo, VmPatch};
@@ -87,6 +87,18 @@ enum FleetCommand {
         /// quarter of its RAM.
         #[arg(long, value_name = "SIZE", value_parser = parse_mib)]
         budget_floor: Option<u64>,
+        /// Jail every VM (needs root): `densevm run --jail DIR/ID --uid --gid` (namespaces,
+        /// a root holding only the VM's files, a cgroup densevm/ID, no privileges;
+        /// docs/security.md). DIR/ID must not be inside a VM directory of --state-dir (e.g. STATE/jail). Without it VMs run unjailed,
+        /// as the daemon's user.
+        #[arg(long, value_name = "DIR", requires_all = ["jail_uid", "jail_gid"])]
+        jail_root: Option<PathBuf>,
+        /// The uid jailed VMMs run as (each VM in its own PID namespace).
+        #[arg(long, value_name = "N", requires = "jail_root")]
+        jail_uid: Option<u32>,
+        /// The gid jailed VMMs run as.
+        #[arg(long, value_name = "N", requires = "jail_root")]
+        jail_gid: Option<u32>,
     },
     /// Start a VM (POST /vms).
     Create(Box<CreateArgs>),
@@ -299,6 +311,9 @@ pub fn main(args: FleetArgs) -> anyhow::Result<i32> {
             idle_cpu_pct,
             grace_secs,
             budget_floor,
+            jail_root,
+            jail_uid,
+            jail_gid,
         } => serve(ServeArgs {
             sock,
             state_dir,
@@ -310,6 +325,14 @@ pub fn main(args: FleetArgs) -> anyhow::Result<i32> {
             idle_cpu_pct,
             grace: Duration::from_secs(grace_secs),
             budget_floor,
+            jail: match (jail_root, jail_uid, jail_gid) {
+                (Some(root), Some(uid), Some(gid)) => Some(JailConfig {
+                    root: std::path::absolute(root)?,
+                    uid,
+                    gid,
+                }),
+                _ => None,
+            },
         }),
         FleetCommand::Create(c) => {
             let spec = VmCreate {
@@ -445,6 +468,7 @@ struct ServeArgs {
     idle_cpu_pct: Option<f64>,
     grace: Duration,
     budget_floor: Option<u64>,
+    jail: Option<JailConfig>,
 }
 
 /// The fleet's cgroup, or why there is none.
@@ -499,7 +523,7 @@ fn serve(a: ServeArgs) -> anyhow::Result<i32> {
             overhead_mib: a.overhead_mib,
             grace: a.grace,
         },
-        Box::new(ProcessLauncher::new(std::env::current_exe()?)),
+        Box::new(ProcessLauncher::new(std::env::current_exe()?).with_jail(a.jail.clone())),
         cg,
     );
     let adopted = registry.adopt(&procfs);
@@ -518,6 +542,20 @@ fn serve(a: ServeArgs) -> anyhow::Result<i32> {
             (None, None) => "missing".into(),
         }
     );
+    match &a.jail {
+        Some(j) => eprintln!(
+            "densevm fleet: every VM jailed under {} as uid {} gid {}",
+            j.root.display(),
+            j.uid,
+            j.gid
+        ),
+        // SAFETY: geteuid has no arguments.
+        None if unsafe { libc::geteuid() } == 0 => eprintln!(
+            "densevm fleet: warning: VMs run unjailed as root; give --jail-root DIR --jail-uid N \
+             --jail-gid N to confine them"
+        ),
+        None => {}
+    }
     let stop = densevm_fleet::daemon::stop_on_signals();
     fleet
         .serve(&a.sock, a.tick, stop)

@@ -7,6 +7,7 @@ pub mod devices;
 pub mod exec;
 pub mod fleet;
 pub mod image;
+pub mod jail;
 pub mod kernel;
 pub mod ninep;
 pub mod pmem;

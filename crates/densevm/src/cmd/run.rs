@@ -135,6 +135,9 @@ pub struct RunArgs {
     /// net1, ...) on tap TAP instead of the snapshot's (repeatable).
     #[arg(long, value_name = "IFACE=TAP", requires = "restore", value_parser = crate::cmd::devices::parse_net_override)]
     pub net_override: Vec<densevm_api::NetworkOverride>,
+    /// `--jail DIR --uid N --gid N` and its options (cmd/jail.rs).
+    #[command(flatten)]
+    pub jail: crate::cmd::jail::JailArgs,
 }
 
 /// `--merge`: the command-line form of [`MergePolicy`].
@@ -243,8 +246,13 @@ fn print_report(m: &MemoryReport) {
 }
 
 /// Runs the VM; returns the guest-requested exit code.
-pub fn main(args: RunArgs) -> anyhow::Result<i32> {
+pub fn main(mut args: RunArgs) -> anyhow::Result<i32> {
     let origin = crate::process_start();
+    // First, while the process is single-threaded: the outer process of a jailed launch
+    // returns here with the jailed VM's exit code.
+    if let Some(code) = crate::cmd::jail::enter(&mut args)? {
+        return Ok(code);
+    }
     if args.kernel.is_none() && (args.initrd.is_some() || args.cmdline.is_some()) {
         bail!("--initrd and --cmdline only apply to a Linux guest: add --kernel FILE");
     }
