@@ -1,17 +1,16 @@
 # 9P2000.L file server (issue 6).
 #   make test-9p     Go client workload suite (tests/9p) + Linux v9fs in the nested lab
 #   make bench-9p    densevm vs diod, same Go client, same run (docs/benchmarks.md "## 9p")
-#   make fuzz-9p     bounded cargo-fuzz run of the codec (needs cargo-fuzz; see below)
+#   make fuzz-9p     cargo-fuzz run of the codec (target codec in fuzz/; mk/fuzz.mk)
 NINEP_DENSEVM ?= $(abspath $(or $(CARGO_TARGET_DIR),target)/release/densevm)
 NINEP_GO ?= go
 # Benchmark tree (generated once, cached): ~100k small files + a 1 GiB file.
 NINEP_BENCH_DIR ?= $(CURDIR)/build/9p-bench
 NINEP_BENCH_FILES ?= 100000
-NINEP_FUZZ_SECONDS ?= 60
 # trans=unix needs 9pnet_fd.ko, which the lab's L1 image does not load by default.
 ninep_fd_ko = $(shell ls build/guest/pkg/lib/modules/*/kernel/net/9p/9pnet_fd.ko 2>/dev/null | head -1)
 
-.PHONY: deps-9p test-9p test-9p-go test-9p-lab bench-9p fuzz-9p
+.PHONY: deps-9p test-9p test-9p-go test-9p-lab bench-9p
 
 # Go (tests/9p pins its modules in go.mod/go.sum) and diod (apt, for the benchmark).
 deps-9p: deps
@@ -44,10 +43,6 @@ bench-9p: build deps-9p
 	  -files $(NINEP_BENCH_FILES) -out $(CURDIR)/build/9p-bench.md $(NINEP_BENCH_ARGS)
 	@cat build/9p-bench.md
 
-# cargo-fuzz needs nightly features; RUSTC_BOOTSTRAP=1 lets the stable toolchain build it.
-fuzz-9p:
-	@command -v cargo-fuzz >/dev/null || { echo "fuzz-9p: cargo-fuzz missing; run: RUSTC_BOOTSTRAP=1 cargo install cargo-fuzz"; exit 1; }
-	cd crates/ninep/fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run codec -- -max_total_time=$(NINEP_FUZZ_SECONDS) -rss_limit_mb=2048
 
 TEST_TARGETS += test-9p
 BENCH_TARGETS += bench-9p

@@ -4,11 +4,10 @@
 #   make bench-pcow   open/map build (1M clusters), snapshot create, convert vs qemu-img
 #                     (docs/benchmarks.md "## pcow"); output also in build/pcow-bench.md
 #   make bench-convert  convert/commit/rebase vs qemu-img, alternated (scripts/bench-convert.sh)
-#   make fuzz-pcow    bounded cargo-fuzz run of the metadata parser (needs cargo-fuzz)
+#   make fuzz-pcow    cargo-fuzz run of the metadata parser (target open_image in fuzz/; mk/fuzz.mk)
 PCOW_DENSEVM ?= $(abspath $(or $(CARGO_TARGET_DIR),target)/release/densevm)
-PCOW_FUZZ_SECONDS ?= 60
 
-.PHONY: test-pcow bench-pcow fuzz-pcow
+.PHONY: test-pcow bench-pcow
 
 test-pcow: build
 	DENSEVM=$(PCOW_DENSEVM) crates/pcow/tests/cli.sh
@@ -18,13 +17,6 @@ bench-pcow: build
 	DENSEVM_BIN=$(PCOW_DENSEVM) PCOW_BENCH_DIR=$(CURDIR)/build/pcow-bench \
 	  $(CARGO) bench -p pcow --bench pcow_bench > build/pcow-bench.md; rc=$$?; \
 	  rm -rf build/pcow-bench; cat build/pcow-bench.md; exit $$rc
-
-# cargo-fuzz needs nightly flags; RUSTC_BOOTSTRAP=1 lets the stable toolchain accept them.
-fuzz-pcow: deps
-	@command -v cargo-fuzz >/dev/null || { echo "fuzz-pcow: installing cargo-fuzz"; $(CARGO) install cargo-fuzz --locked; }
-	mkdir -p crates/pcow/fuzz/corpus/open_image
-	cd crates/pcow/fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run --sanitizer none open_image \
-	  corpus/open_image seeds -- -max_total_time=$(PCOW_FUZZ_SECONDS) -max_len=131072
 
 TEST_TARGETS += test-pcow
 BENCH_TARGETS += bench-pcow

@@ -1,4 +1,4 @@
-//! The fuzz entry point (`crates/api/fuzz`, target `api_request`), also replayed by
+//! The fuzz entry point (target `api_request` in `fuzz/`), also replayed by
 //! `cargo test -p densevm-api` over the seed corpus and random inputs.
 
 use std::io::{self, Read};

@@ -9,9 +9,9 @@ use densevm_api::parse_route;
 use proptest::prelude::*;
 
 fn seeds() -> Vec<Vec<u8>> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/api_request");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/api_request");
     let mut out = Vec::new();
-    for entry in std::fs::read_dir(&dir).expect("crates/api/fuzz/corpus/api_request") {
+    for entry in std::fs::read_dir(&dir).expect("fuzz/corpus/api_request") {
         out.push(std::fs::read(entry.unwrap().path()).unwrap());
     }
     out
@@ -28,7 +28,7 @@ fn fuzz_seeds_replay() {
 
 #[test]
 fn the_seeds_mean_what_their_names_say() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/api_request");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/api_request");
     let first = |name: &str| {
         let data = std::fs::read(dir.join(name)).unwrap();
         let mut r = RequestReader::new(&data[..]);

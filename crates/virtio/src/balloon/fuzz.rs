@@ -1,5 +1,5 @@
-//! The `balloon` fuzz target's entry point (`crates/virtio/fuzz`), also replayed over the
-//! seed files (`crates/virtio/fuzz/seeds-balloon`) by a plain test: the input lays out one
+//! The `balloon` fuzz target's entry point (`fuzz/`), also replayed over the
+//! seed files (`fuzz/corpus/balloon`) by a plain test: the input lays out one
 //! queue of the balloon (inflate, deflate, statistics or reporting) with its descriptors,
 //! available ring and buffer contents, and the device's worker handler serves it on the
 //! calling thread, then runs its timer with a statistics request. Whatever the bytes: no

@@ -1,4 +1,4 @@
-//! The fuzz target's entry point (`crates/virtio/fuzz`, target `virtqueue`), also replayed
+//! The `virtqueue` fuzz target's entry point (`fuzz/fuzz_targets/virtqueue.rs`), also replayed
 //! over the seed files by a plain test: an input byte string becomes a guest memory with a
 //! split virtqueue (descriptor table, available ring, buffer contents) that a device then
 //! serves through its synchronous entry point: virtio-blk ([`Block::process_queue`]),

@@ -1,4 +1,4 @@
-//! The fuzz entry point of `crates/vmm/fuzz` (target `snapshot_state`, `make fuzz-snapshot`),
+//! The fuzz entry point of target `snapshot_state` (`fuzz/`, `make fuzz-snapshot`),
 //! also replayed by `cargo test -p densevm-vmm` over the committed seed corpus and seeded
 //! random and mutated inputs.
 //!
@@ -123,13 +123,13 @@ mod tests {
     use std::path::PathBuf;
 
     fn corpus_dir() -> PathBuf {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/snapshot_state")
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/snapshot_state")
     }
 
     /// The committed seeds, by name.
     fn corpus() -> Vec<(String, Vec<u8>)> {
         let mut seeds: Vec<_> = std::fs::read_dir(corpus_dir())
-            .expect("the seed corpus crates/vmm/fuzz/corpus/snapshot_state")
+            .expect("the seed corpus fuzz/corpus/snapshot_state")
             .map(|e| {
                 let e = e.unwrap();
                 let name = e.file_name().to_string_lossy().into_owned();
@@ -175,7 +175,7 @@ mod tests {
         assert!(valid.len() >= 3, "{} valid seeds", valid.len());
         for (name, data) in &valid {
             // If this fails, SnapshotState changed: write the seeds again with
-            // crates/vmm/fuzz/make_seeds.py so the fuzzer starts from real state files.
+            // fuzz/make_snapshot_seeds.py so the fuzzer starts from real state files.
             let state: SnapshotState = file::decode_state(Path::new(name), data)
                 .unwrap_or_else(|e| panic!("seed {name}: {e}"));
             check_state(&state).unwrap_or_else(|e| panic!("seed {name}: {e}"));

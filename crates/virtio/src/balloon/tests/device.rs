@@ -550,9 +550,9 @@ fn behind_virtio_pci_a_new_target_reaches_the_driver() {
 /// The fuzz seeds, and a sweep of pseudo-random inputs, through the fuzz entry point.
 #[test]
 fn fuzz_seeds_and_random_inputs_replay() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds-balloon");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/balloon");
     let mut n = 0;
-    for entry in std::fs::read_dir(&dir).expect("crates/virtio/fuzz/seeds-balloon") {
+    for entry in std::fs::read_dir(&dir).expect("fuzz/corpus/balloon") {
         let data = std::fs::read(entry.unwrap().path()).unwrap();
         fuzz::balloon(&data);
         n += 1;

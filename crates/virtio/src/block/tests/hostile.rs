@@ -310,9 +310,9 @@ fn indirect_tables() {
 
 #[test]
 fn fuzz_seeds_replay() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/virtqueue");
     let mut n = 0;
-    for entry in std::fs::read_dir(&dir).expect("crates/virtio/fuzz/seeds") {
+    for entry in std::fs::read_dir(&dir).expect("fuzz/corpus/virtqueue") {
         let path = entry.expect("seed").path();
         let data = std::fs::read(&path).expect("read seed");
         super::super::fuzz::virtqueue(&data);

@@ -3,8 +3,9 @@
 //! a device (virtio-blk, virtio-rng or virtio-9p, chosen by the input) serves the queue. Any
 //! input must be served without a panic or a hang, a read-only disk must never be written,
 //! and no more chains returned than were offered.
-//! Seeds: `crates/virtio/fuzz/seeds` (regenerate: `python3 make_seeds.py seeds` in that
-//! directory); `cargo test -p densevm-virtio` replays them through the same entry point.
+//! Corpus: `fuzz/corpus/virtqueue` (the named seeds: `python3 fuzz/make_virtqueue_seeds.py
+//! fuzz/corpus/virtqueue`); `cargo test -p densevm-virtio` replays it through the same entry
+//! point.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;

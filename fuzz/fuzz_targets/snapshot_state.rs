@@ -3,8 +3,8 @@
 //! into `SnapshotState` and the checks a restore makes before it needs KVM
 //! (`densevm_vmm::snapshot::fuzz::fuzz_snapshot_state`; each input is also decoded behind a
 //! header resealed to match it, so mutated payloads get past the checksum). No input may
-//! panic. Seeds: `crates/vmm/fuzz/corpus/snapshot_state` (state files densevm wrote and
-//! damaged or edited ones, from `make_seeds.py`); `cargo test -p densevm-vmm` replays them,
+//! panic. Corpus: `fuzz/corpus/snapshot_state` (state files densevm wrote and
+//! damaged or edited ones, from `fuzz/make_snapshot_seeds.py`); `cargo test -p densevm-vmm` replays them,
 //! and seeded random and mutated inputs, through the same entry point.
 #![no_main]
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Writes the seed corpus of the snapshot_state fuzz target (crates/vmm/fuzz/corpus/snapshot_state).
+"""Writes the seed corpus of the snapshot_state fuzz target (fuzz/corpus/snapshot_state).
 
-    python3 make_seeds.py [--densevm PATH] [--kernel VMLINUX --initrd INITRD] OUT_DIR
+    python3 fuzz/make_snapshot_seeds.py [--densevm PATH] [--kernel VMLINUX --initrd INITRD] OUT_DIR
 
 Needs /dev/kvm. It runs densevm VMs and snapshots them through their API socket; the state
 files they write are the `valid-*` seeds: a 1-vCPU probe, a paused 3-vCPU probe and, when a
@@ -171,7 +171,7 @@ def derived(valid):
 
 
 def main():
-    root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+    root = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out")
     ap.add_argument("--densevm", default=os.path.join(root, "target/release/densevm"))

@@ -1,5 +1,6 @@
-# Generates crates/virtio/fuzz/seeds (layout documented in crates/virtio/src/block/fuzz.rs):
-#   python3 make_seeds.py seeds
+# Generates the named seeds of fuzz/corpus/virtqueue (layout documented in
+# crates/virtio/src/block/fuzz.rs):
+#   python3 fuzz/make_virtqueue_seeds.py fuzz/corpus/virtqueue
 import struct, sys, os
 out = sys.argv[1]
 R, NEXT, W, IND = 0, 1, 2, 4

@@ -1,6 +1,6 @@
-# Generates crates/virtio/fuzz/seeds-balloon (layout documented in
+# Generates the named seeds of fuzz/corpus/balloon (layout documented in
 # crates/virtio/src/balloon/fuzz.rs):
-#   python3 make_balloon_seeds.py seeds-balloon
+#   python3 fuzz/make_balloon_seeds.py fuzz/corpus/balloon
 import struct, sys, os
 out = sys.argv[1]
 R, NEXT, W, IND = 0, 1, 2, 4

@@ -1,7 +1,7 @@
 //! Fuzzes what an API client can send: the input is a byte stream read by the HTTP request
 //! reader (in reads of varying size), and every request it frames goes through the route
 //! table and out as a response (`densevm_api::fuzz::api_request`). No input may panic.
-//! Seeds: `crates/api/fuzz/corpus/api_request` (plain HTTP); `cargo test -p densevm-api`
+//! Corpus: `fuzz/corpus/api_request` (plain HTTP); `cargo test -p densevm-api`
 //! replays them, and random and mutated inputs, through the same entry point.
 #![no_main]
 

@@ -3,8 +3,8 @@
 //! `densevm_virtio::balloon::fuzz`), and the device's worker handler serves it. Any input
 //! must be served without a panic or a hang, no more chains returned than were offered, and
 //! every range released is page aligned and inside one guest memory region.
-//! Seeds: `crates/virtio/fuzz/seeds-balloon` (regenerate: `python3 make_balloon_seeds.py
-//! seeds-balloon` in that directory); `cargo test -p densevm-virtio` replays them.
+//! Corpus: `fuzz/corpus/balloon` (the named seeds: `python3 fuzz/make_balloon_seeds.py
+//! fuzz/corpus/balloon`); `cargo test -p densevm-virtio` replays it.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;

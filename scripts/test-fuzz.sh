@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Bounded fuzz runs for `make test` (mk/fuzz.mk): each target in turn, one job, for SECONDS
+# from its committed corpus (fuzz/corpus/<target>) into a scratch corpus. The scratch
+# directory is also the targets' TMPDIR and is removed at the end, so a run leaves nothing
+# behind in the repository or the temp dir; a crash, hang, leak or out-of-memory fails the
+# run, and its reproducer is kept in fuzz/artifacts/<target>/ and printed.
+#   FUZZ_BIN=fuzz/target/x86_64-unknown-linux-gnu/release scripts/test-fuzz.sh SECONDS TARGET...
+set -uo pipefail
+cd "$(dirname "$0")/.."
+secs="$1"; shift
+bin="${FUZZ_BIN:-fuzz/target/x86_64-unknown-linux-gnu/release}"
+scratch="$(mktemp -d "${TMPDIR:-/tmp}/densevm-test-fuzz.XXXXXX")"
+trap 'rm -rf "$scratch"' EXIT
+failed=0; passed=0
+for t in "$@"; do
+  mkdir -p "$scratch/corpus/$t" "$scratch/artifacts/$t" "$scratch/tmp"
+  log="$scratch/$t.log"
+  seeds=(); [ -d "fuzz/corpus/$t" ] && seeds=("fuzz/corpus/$t")
+  TMPDIR="$scratch/tmp" "$bin/$t" "$scratch/corpus/$t" "${seeds[@]}" \
+    -max_total_time="$secs" -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 \
+    -artifact_prefix="$scratch/artifacts/$t/" >"$log" 2>&1
+  rc=$?
+  execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")
+  if [ "$rc" -eq 0 ]; then
+    passed=$((passed + 1))
+    echo "test-fuzz: $t: ok, ${execs:-?} executions in ${secs}s"
+  else
+    failed=$((failed + 1))
+    mkdir -p "fuzz/artifacts/$t"
+    cp "$scratch/artifacts/$t/"* "fuzz/artifacts/$t/" 2>/dev/null
+    grep -E "panicked|ERROR: libFuzzer|SUMMARY" "$log" | head -5
+    tail -n 40 "$log" | grep -vE "^#[0-9]+" | head -20
+    kept=0
+    for a in "$scratch/artifacts/$t/"*; do
+      [ -e "$a" ] || continue
+      kept=1
+      echo "test-fuzz: $t FAILED (exit $rc); reproducer: fuzz/artifacts/$t/$(basename "$a")" \
+        "(replay: $bin/$t fuzz/artifacts/$t/$(basename "$a"))"
+    done
+    [ "$kept" -eq 1 ] || echo "test-fuzz: $t FAILED (exit $rc), no reproducer written"
+  fi
+done
+echo "test-fuzz: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
