@@ -5,7 +5,7 @@
 #                    TEST_FUZZ_SECONDS from its corpus into a scratch corpus that is removed
 #                    afterwards; fails on any crash, hang or leak, printing the reproducer
 #                    (kept in fuzz/artifacts/<target>/, not committed)
-#   make fuzz TARGET=virtqueue SECONDS=600   one campaign; new inputs go to
+#   make fuzz TARGET=virtio_net SECONDS=600   one campaign; new inputs go to
 #                    fuzz/found/<target> (not committed; merge the ones that add coverage
 #                    with `make fuzz-merge TARGET=x`)
 #   make fuzz-<target>   the same with SECONDS (default 60); the old names stay:
@@ -14,7 +14,8 @@
 # cargo-fuzz needs nightly flags; RUSTC_BOOTSTRAP=1 lets the stable toolchain accept them.
 # The build has no sanitizer (`--sanitizer none`, optimized with debug assertions): the
 # fuzzed code is safe Rust, and ASan would cost two to three times the executions.
-FUZZ_TARGETS := api_request balloon codec open_image snapshot_state virtqueue
+FUZZ_TARGETS := api_request balloon codec open_image snapshot_state virtqueue \
+	virtio_net virtio_pci virtio_pmem virtio_vsock
 TEST_FUZZ_SECONDS ?= 20
 SECONDS ?= 60
 FUZZ_TARGET_DIR ?= $(CURDIR)/fuzz/target
@@ -24,6 +25,7 @@ FUZZ_ARGS = -rss_limit_mb=2048 -timeout=10 -print_final_stats=1
 .PHONY: deps-fuzz build-fuzz test-fuzz fuzz fuzz-merge fuzz-api fuzz-9p fuzz-pcow \
 	fuzz-snapshot fuzz-virtio fuzz-virtio-balloon
 
+# scripts/install-deps.sh installs cargo-fuzz; this checks again for a PATH without it.
 deps-fuzz: deps
 	@command -v cargo-fuzz >/dev/null || { echo "deps-fuzz: installing cargo-fuzz"; \
 	  $(CARGO) install cargo-fuzz --locked; }

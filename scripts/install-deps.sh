@@ -28,3 +28,8 @@ done
 if [ -f "$here/pip-requirements.txt" ] && grep -qv '^\s*#' "$here/pip-requirements.txt"; then
   python3 -m pip install -q -r "$here/pip-requirements.txt"
 fi
+# cargo-fuzz drives the fuzz targets in fuzz/ (`make test-fuzz`, part of `make test`).
+if ! command -v cargo-fuzz >/dev/null; then
+  echo "install-deps: cargo install cargo-fuzz --locked"
+  cargo install cargo-fuzz --locked --quiet
+fi

@@ -21,6 +21,8 @@
 pub mod balloon;
 pub mod block;
 pub mod device;
+#[cfg(any(test, feature = "test-utils"))]
+pub mod fuzzing;
 pub mod interrupt;
 pub mod net;
 pub mod p9;

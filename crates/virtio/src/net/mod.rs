@@ -18,6 +18,8 @@
 //! that fails (deleted under the VM) is logged once, counted, and reported to the guest as
 //! link down (`VIRTIO_NET_F_STATUS`); the guest's packets are dropped from then on.
 
+#[cfg(any(test, feature = "test-utils"))]
+pub mod fuzz;
 pub mod rx;
 pub mod tap;
 pub mod tx;

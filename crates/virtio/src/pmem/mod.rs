@@ -14,6 +14,9 @@ use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use virtio_queue::{DescriptorChain, Queue, QueueT};
 
+#[cfg(any(test, feature = "test-utils"))]
+pub mod fuzz;
+
 /// Makes everything the guest wrote to the range durable (pcow: data, then metadata).
 pub type FlushFn = Arc<dyn Fn() -> std::io::Result<()> + Send + Sync>;
 

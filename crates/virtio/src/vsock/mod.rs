@@ -9,6 +9,8 @@
 //! TRANSPORT_RESET`), after which Linux resets its sockets and reads the CID again.
 
 pub mod conn;
+#[cfg(any(test, feature = "test-utils"))]
+pub mod fuzz;
 pub mod muxer;
 pub mod packet;
 

@@ -10,6 +10,8 @@
 //! serves from [`VirtioPci::resume`] on.
 
 mod common_cfg;
+#[cfg(any(test, feature = "test-utils"))]
+pub mod fuzz;
 mod interrupt;
 mod state;
 #[cfg(test)]
