@@ -16,6 +16,7 @@
 
 mod dircache;
 pub mod fid;
+pub mod fuzz;
 pub mod idmap;
 mod io;
 pub mod message;
