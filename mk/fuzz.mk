@@ -3,7 +3,7 @@
 # minimized corpus is committed in fuzz/corpus/<target>, and `cargo test` replays it.
 #   make test-fuzz   (in `make test`) builds the targets once and runs each for
 #                    TEST_FUZZ_SECONDS from its corpus into a scratch corpus that is removed
-#                    afterwards; fails on any crash, hang or leak, printing the reproducer
+#                    afterwards; fails on any panic, hang or out-of-memory, printing the reproducer
 #                    (kept in fuzz/artifacts/<target>/, not committed)
 #   make fuzz TARGET=virtio_net SECONDS=600   one campaign; new inputs go to
 #                    fuzz/found/<target> (not committed; merge the ones that add coverage

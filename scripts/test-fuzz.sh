@@ -2,7 +2,7 @@
 # Bounded fuzz runs for `make test` (mk/fuzz.mk): each target in turn, one job, for SECONDS
 # from its committed corpus (fuzz/corpus/<target>) into a scratch corpus. The scratch
 # directory is also the targets' TMPDIR and is removed at the end, so a run leaves nothing
-# behind in the repository or the temp dir; a crash, hang, leak or out-of-memory fails the
+# behind in the repository or the temp dir; a panic, a hang (10 s) or an out-of-memory (2 GiB) fails the
 # run, and its reproducer is kept in fuzz/artifacts/<target>/ and printed.
 #   FUZZ_BIN=fuzz/target/x86_64-unknown-linux-gnu/release scripts/test-fuzz.sh SECONDS TARGET...
 set -uo pipefail
