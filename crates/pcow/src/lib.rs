@@ -12,6 +12,7 @@ pub mod check;
 pub mod dax;
 pub mod error;
 pub mod format;
+pub mod fuzz;
 pub mod image;
 pub mod map;
 mod merge;
