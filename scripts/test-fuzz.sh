@@ -28,8 +28,7 @@ for t in "$@"; do
     failed=$((failed + 1))
     mkdir -p "fuzz/artifacts/$t"
     cp "$scratch/artifacts/$t/"* "fuzz/artifacts/$t/" 2>/dev/null
-    grep -E "panicked|ERROR: libFuzzer|SUMMARY" "$log" | head -5
-    tail -n 40 "$log" | grep -vE "^#[0-9]+" | head -20
+    grep -E -A12 "panicked|ERROR: libFuzzer" "$log" | head -30
     kept=0
     for a in "$scratch/artifacts/$t/"*; do
       [ -e "$a" ] || continue
