@@ -1,0 +1,235 @@
+//! seccomp filters per thread kind (issue #16; docs/security.md, "seccomp filters").
+//!
+//! Every thread densevm starts calls [`enter`] with its [`ThreadKind`] first thing. Until
+//! the process has called [`enable`] (only `densevm run` does, unless `--seccomp off`),
+//! `enter` does nothing, so unit tests and library users are unaffected. Once enabled,
+//! `enter` installs the kind's allow-list on the calling thread (seccomp filters are per
+//! thread and inherited by the threads it spawns; stacked filters intersect), and a call
+//! outside it raises `SIGSYS` (`SECCOMP_RET_TRAP`): the handler installed by `enable`
+//! writes one line naming the thread kind and the system call to stderr and ends the
+//! process with [`EXIT_CODE`].
+//!
+//! The allow-lists are in `filters.rs`; this crate depends on `seccompiler` and `libc`
+//! only, so the device crates can call it without seeing VMM types.
+
+mod filters;
+mod names;
+mod sigsys;
+
+use seccompiler::BpfProgram;
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::OnceLock;
+
+pub use filters::Policy;
+
+/// The exit code of a process killed for a denied system call: 128 + SIGSYS (31).
+pub const EXIT_CODE: i32 = 159;
+
+macro_rules! kinds {
+    ($($(#[$doc:meta])* $variant:ident = $name:literal,)*) => {
+        /// The kinds of thread densevm runs; each has its own allow-list.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        #[repr(u8)]
+        pub enum ThreadKind {
+            $($(#[$doc])* $variant,)*
+        }
+
+        impl ThreadKind {
+            /// Every kind, in declaration order.
+            pub const ALL: &'static [ThreadKind] = &[$(ThreadKind::$variant,)*];
+
+            /// The kind's name, as messages, `--seccomp-test-violation` and the docs spell it.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(ThreadKind::$variant => $name,)*
+                }
+            }
+        }
+    };
+}
+
+kinds! {
+    /// The VMM's control thread (`main`): builds the VM, runs the event loop, writes
+    /// snapshots, starts clones, tears down.
+    Vmm = "vmm",
+    /// A vCPU thread (`KVM_RUN`, device MMIO/PIO, device activation).
+    Vcpu = "vcpu",
+    /// The per-VM HTTP API server thread.
+    Api = "api",
+    /// The console socket thread (`--console-sock`).
+    Console = "console",
+    /// The thread that reaps clone processes.
+    CloneReaper = "clone-reaper",
+    /// A pmem region's userfaultfd fault service.
+    PmemFaults = "pmem-faults",
+    /// A pmem region's cluster pool refill thread.
+    PmemPool = "pmem-pool",
+    /// The memory tier's service thread (`--memory-budget`).
+    Tier = "tier",
+    /// The virtio-blk worker.
+    Blk = "virtio-blk",
+    /// The virtio-net worker.
+    Net = "virtio-net",
+    /// The virtio-rng worker.
+    Rng = "virtio-rng",
+    /// The virtio-9p dispatcher (worker).
+    P9 = "virtio-9p",
+    /// A virtio-9p request pool thread.
+    P9Io = "virtio-9p-io",
+    /// The virtio-vsock worker.
+    Vsock = "virtio-vsock",
+    /// The virtio-balloon worker.
+    Balloon = "virtio-balloon",
+    /// The virtio-pmem worker.
+    VirtioPmem = "virtio-pmem",
+    /// A virtio worker of a device not named above (the union of the workers' lists).
+    VirtioWorker = "virtio-worker",
+}
+
+impl ThreadKind {
+    /// The kind named `name` ([`name`](Self::name)).
+    pub fn from_name(name: &str) -> Option<ThreadKind> {
+        Self::ALL.iter().copied().find(|k| k.name() == name)
+    }
+
+    /// The kind of a virtio worker thread called `thread_name` (`virtio-blk`, ...);
+    /// [`ThreadKind::VirtioWorker`] for any other name.
+    pub fn virtio_worker(thread_name: &str) -> ThreadKind {
+        match Self::from_name(thread_name) {
+            Some(
+                k @ (ThreadKind::Blk
+                | ThreadKind::Net
+                | ThreadKind::Rng
+                | ThreadKind::P9
+                | ThreadKind::Vsock
+                | ThreadKind::Balloon
+                | ThreadKind::VirtioPmem),
+            ) => k,
+            _ => ThreadKind::VirtioWorker,
+        }
+    }
+}
+
+/// Whether this process filters its threads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Neither [`enable`] nor [`disable`] was called (a library user, a client command).
+    Unset,
+    /// [`enable`] was called: [`enter`] installs filters.
+    On,
+    /// `--seccomp off`: [`disable`] was called; processes this one starts should be told.
+    Off,
+}
+
+static MODE: AtomicU8 = AtomicU8::new(0);
+/// 0: none, else the kind's discriminant + 1.
+static VIOLATION: AtomicU8 = AtomicU8::new(0);
+/// Each kind's programs (main allow-list, then the clone3 → ENOSYS filter), by discriminant.
+static PROGRAMS: OnceLock<Vec<[BpfProgram; 2]>> = OnceLock::new();
+
+thread_local! {
+    /// The kind whose filter the current thread installed last (discriminant + 1; 0 none),
+    /// read by the SIGSYS handler.
+    static KIND: Cell<u8> = const { Cell::new(0) };
+}
+
+/// The current thread's kind as set by [`enter`], if any. Async-signal-safe (a
+/// const-initialised thread-local without destructor).
+fn current_kind() -> Option<ThreadKind> {
+    let k = KIND.with(|c| c.get());
+    (k > 0).then(|| ThreadKind::ALL[usize::from(k - 1)])
+}
+
+/// How the process filters, as set by [`enable`] or [`disable`].
+pub fn mode() -> Mode {
+    match MODE.load(Ordering::Acquire) {
+        1 => Mode::On,
+        2 => Mode::Off,
+        _ => Mode::Unset,
+    }
+}
+
+/// What [`enable`] may fail with.
+#[derive(Debug)]
+pub struct Error(String);
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// Turns filtering on for this process: compiles every kind's filter under `policy`,
+/// installs the SIGSYS handler, and makes [`enter`] install filters from now on. Call it
+/// once, before the process starts any thread that calls [`enter`].
+pub fn enable(policy: Policy, test_violation: Option<ThreadKind>) -> Result<(), Error> {
+    let programs = ThreadKind::ALL
+        .iter()
+        .map(|&k| filters::compile(k, &policy).map_err(|e| Error(format!("{}: {e}", k.name()))))
+        .collect::<Result<Vec<_>, _>>()?;
+    if PROGRAMS.set(programs).is_err() {
+        return Err(Error("seccomp filtering is already enabled".into()));
+    }
+    sigsys::install().map_err(|e| Error(format!("installing the SIGSYS handler: {e}")))?;
+    VIOLATION.store(test_violation.map_or(0, |k| k as u8 + 1), Ordering::Release);
+    MODE.store(1, Ordering::Release);
+    Ok(())
+}
+
+/// Records `--seccomp off`: [`mode`] answers [`Mode::Off`] and [`enter`] stays a no-op.
+pub fn disable() {
+    MODE.store(2, Ordering::Release);
+}
+
+/// Installs `kind`'s filter on the calling thread, if the process enabled filtering;
+/// call it first thing in every thread. A failure to install is fatal: the thread would
+/// otherwise run unconfined, so the process ends (exit code 1) with a message.
+pub fn enter(kind: ThreadKind) {
+    if mode() != Mode::On {
+        return;
+    }
+    let Some(programs) = PROGRAMS.get() else {
+        return;
+    };
+    for program in &programs[kind as usize] {
+        if let Err(e) = seccompiler::apply_filter(program) {
+            eprintln!(
+                "densevm: seccomp: cannot install the filter of thread kind {}: {e}",
+                kind.name()
+            );
+            // SAFETY: _exit ends the process at once; nothing of this thread runs after it.
+            unsafe { libc::_exit(1) };
+        }
+    }
+    KIND.with(|c| c.set(kind as u8 + 1));
+    if VIOLATION.load(Ordering::Acquire) == kind as u8 + 1 {
+        violate();
+    }
+}
+
+/// The test hook (`--seccomp-test-violation KIND`): a call no kind may make, an IPv4
+/// socket. The SIGSYS handler ends the process before it returns.
+fn violate() {
+    eprintln!("densevm: seccomp test: making a forbidden call (socket(AF_INET))");
+    // SAFETY: socket takes no pointers; a descriptor it might return is closed at once.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0) };
+    if fd >= 0 {
+        // SAFETY: `fd` was just returned to us and nothing else owns it.
+        unsafe { libc::close(fd) };
+    }
+}
+
+/// The name of x86_64 system call `nr`, if it has one.
+pub fn syscall_name(nr: i64) -> Option<&'static str> {
+    usize::try_from(nr)
+        .ok()
+        .and_then(|i| names::NAMES.get(i))
+        .copied()
+        .filter(|n| !n.is_empty())
+}
+
+#[cfg(test)]
+mod tests;

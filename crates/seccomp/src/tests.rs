@@ -1,0 +1,141 @@
+use super::*;
+
+#[test]
+fn names_cover_common_calls() {
+    assert_eq!(syscall_name(libc::SYS_socket), Some("socket"));
+    assert_eq!(syscall_name(libc::SYS_execve), Some("execve"));
+    assert_eq!(syscall_name(libc::SYS_ioctl), Some("ioctl"));
+    assert_eq!(syscall_name(libc::SYS_openat2), Some("openat2"));
+    assert_eq!(syscall_name(-1), None);
+    assert_eq!(syscall_name(100_000), None);
+}
+
+#[test]
+fn kinds_round_trip_and_compile() {
+    for &k in ThreadKind::ALL {
+        assert_eq!(ThreadKind::from_name(k.name()), Some(k));
+        for exec_clones in [false, true] {
+            let p = filters::compile(k, &Policy { exec_clones }).unwrap();
+            assert!(
+                p[0].len() > 10 && p[0].len() < 4096,
+                "{k:?}: {}",
+                p[0].len()
+            );
+        }
+    }
+    assert_eq!(ThreadKind::virtio_worker("virtio-9p"), ThreadKind::P9);
+    assert_eq!(
+        ThreadKind::virtio_worker("test-poll"),
+        ThreadKind::VirtioWorker
+    );
+}
+
+/// Spawners allow what their children need (stacked filters intersect): every syscall
+/// a child kind allows is allowed by its parent kind.
+#[test]
+fn spawners_cover_their_children() {
+    use ThreadKind::*;
+    let policy = Policy::default();
+    let pairs = [
+        (Vcpu, Blk),
+        (Vcpu, Net),
+        (Vcpu, Rng),
+        (Vcpu, P9),
+        (Vcpu, P9Io),
+        (Vcpu, Vsock),
+        (Vcpu, Balloon),
+        (Vcpu, VirtioPmem),
+        (P9, P9Io),
+        (Api, CloneReaper),
+        (Vmm, PmemFaults),
+        (Vmm, PmemPool),
+        (Vmm, Blk),
+        (Vmm, P9),
+        (Vmm, Vsock),
+    ];
+    for (parent, child) in pairs {
+        let p = filters::rules(parent, &policy).unwrap();
+        for (nr, rules) in filters::rules(child, &policy).unwrap() {
+            let Some(prules) = p.get(&nr) else {
+                panic!(
+                    "{parent:?} lacks {:?} that {child:?} needs",
+                    syscall_name(nr)
+                );
+            };
+            assert!(
+                prules.is_empty() || prules.len() >= rules.len() && !rules.is_empty(),
+                "{parent:?} restricts {:?} more than {child:?}",
+                syscall_name(nr)
+            );
+        }
+    }
+}
+
+#[test]
+fn vcpu_cannot_exec_or_open_inet_sockets() {
+    let r = filters::rules(ThreadKind::Vcpu, &Policy::default()).unwrap();
+    assert!(!r.contains_key(&libc::SYS_execve));
+    assert!(!r.contains_key(&libc::SYS_fork));
+    assert_eq!(r[&libc::SYS_socket].len(), 1, "socket is argument-filtered");
+    assert!(!r[&libc::SYS_mmap].is_empty(), "mmap is argument-filtered");
+    let vmm = filters::rules(ThreadKind::Vmm, &Policy::default()).unwrap();
+    assert!(!vmm.contains_key(&libc::SYS_execve));
+    let vmm = filters::rules(ThreadKind::Vmm, &Policy { exec_clones: true }).unwrap();
+    assert!(vmm.contains_key(&libc::SYS_execve));
+}
+
+/// The child half of [`denied_call_kills_with_message`].
+fn child(kind: &str) -> ! {
+    let kind = ThreadKind::from_name(kind).unwrap();
+    enable(Policy::default(), None).unwrap();
+    let t = std::thread::spawn(move || {
+        enter(kind);
+        // Allowed: the thread goes on.
+        eprintln!("child: filtered as {}", kind.name());
+        // Forbidden for every kind.
+        // SAFETY: socket takes no pointers.
+        unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0) };
+    });
+    let _ = t.join();
+    std::process::exit(0);
+}
+
+#[test]
+fn denied_call_kills_with_message() {
+    if let Ok(kind) = std::env::var("DENSEVM_SECCOMP_TEST_CHILD") {
+        child(&kind);
+    }
+    for kind in ["vcpu", "virtio-blk", "api", "vmm"] {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "tests::denied_call_kills_with_message",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("DENSEVM_SECCOMP_TEST_CHILD", kind)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(EXIT_CODE), "{kind}: {stderr}");
+        assert!(stderr.contains(&format!("filtered as {kind}")), "{stderr}");
+        assert!(
+            stderr.contains(&format!(
+                "densevm: seccomp: thread kind {kind} made a forbidden system call: socket (41)"
+            )),
+            "{stderr}"
+        );
+    }
+}
+
+#[test]
+fn enter_is_a_no_op_until_enabled() {
+    // This test process never enables filtering (the child above runs in its own process).
+    assert_eq!(mode(), Mode::Unset);
+    enter(ThreadKind::Vcpu);
+    // SAFETY: socket takes no pointers; the descriptor is closed at once.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0) };
+    assert!(fd >= 0);
+    // SAFETY: `fd` is ours.
+    unsafe { libc::close(fd) };
+}
