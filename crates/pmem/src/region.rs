@@ -439,7 +439,10 @@ impl PmemRegion {
             threads.push(
                 std::thread::Builder::new()
                     .name("pmem-faults".into())
-                    .spawn(move || service::serve(&inner, &uffd, pipe_read, &stop, spin))
+                    .spawn(move || {
+                        densevm_seccomp::enter(densevm_seccomp::ThreadKind::PmemFaults);
+                        service::serve(&inner, &uffd, pipe_read, &stop, spin)
+                    })
                     .map_err(|e| {
                         segv::unregister(segv_slot);
                         unmap(PmemError::Sys {
@@ -456,7 +459,10 @@ impl PmemRegion {
             let pool = opts.pool_clusters;
             if let Ok(t) = std::thread::Builder::new()
                 .name("pmem-pool".into())
-                .spawn(move || service::refill(&inner2, pool))
+                .spawn(move || {
+                    densevm_seccomp::enter(densevm_seccomp::ThreadKind::PmemPool);
+                    service::refill(&inner2, pool)
+                })
             {
                 threads.push(t);
             }

@@ -105,6 +105,10 @@ fn base(r: &mut Rules) -> Result<(), seccompiler::BackendError> {
         SYS_ppoll,
         SYS_set_robust_list,
         SYS_rseq,
+        SYS_getuid,
+        SYS_geteuid,
+        SYS_getgid,
+        SYS_getegid,
     ]);
     // Signals only to threads of this process (abort, the vCPU kick).
     // SAFETY: getpid has no preconditions.
@@ -120,6 +124,14 @@ fn base(r: &mut Rules) -> Result<(), seccompiler::BackendError> {
         r.allow_if(
             SYS_prctl,
             vec![Cond::new(0, Len::Dword, Op::Eq, op as u64)?],
+        )?;
+    }
+    // std's own descriptor ioctls: set_nonblocking (FIONBIO), close-on-exec (FIOCLEX,
+    // FIONCLEX), is_terminal (TCGETS).
+    for req in [FIONBIO, FIOCLEX, FIONCLEX, TCGETS] {
+        r.allow_if(
+            SYS_ioctl,
+            vec![Cond::new(1, Len::Dword, Op::Eq, req as u64)?],
         )?;
     }
     r.allow_if(
@@ -172,6 +184,9 @@ fn file_io(r: &mut Rules) {
         SYS_ftruncate,
         SYS_fstatfs,
         SYS_flock,
+        SYS_fadvise64,
+        SYS_msync,
+        SYS_sync_file_range,
     ]);
 }
 
@@ -296,7 +311,20 @@ fn kind_rules(
         }
         Console => unix_sockets(r, false)?,
         CloneReaper => r.allow(&[SYS_wait4]),
-        PmemFaults | PmemPool | Tier => fault_service(r)?,
+        PmemFaults | PmemPool => fault_service(r)?,
+        Tier => {
+            fault_service(r)?;
+            // The swap file, made on first use: an unlinked new file (O_TMPFILE) only.
+            r.allow_if(
+                SYS_openat,
+                vec![Cond::new(
+                    2,
+                    Len::Dword,
+                    Op::MaskedEq(O_TMPFILE as u64),
+                    O_TMPFILE as u64,
+                )?],
+            )?;
+        }
         Vmm => {
             for k in [Vcpu, Api, Console, PmemFaults, Tier] {
                 kind_rules(k, policy, r)?;

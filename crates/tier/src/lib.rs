@@ -308,7 +308,10 @@ impl Tier {
         let s = shared.clone();
         let thread = std::thread::Builder::new()
             .name("tier".into())
-            .spawn(move || service::run(s))?;
+            .spawn(move || {
+                densevm_seccomp::enter(densevm_seccomp::ThreadKind::Tier);
+                service::run(s)
+            })?;
         Ok(Tier {
             shared,
             thread: Some(thread),

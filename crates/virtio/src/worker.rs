@@ -111,10 +111,12 @@ impl<H: QueueHandler> Worker<H> {
             )?;
         }
         let thread_kill = kill.try_clone()?;
+        let kind = densevm_seccomp::ThreadKind::virtio_worker(name);
         let thread = std::thread::Builder::new()
             .name(name.into())
             .stack_size(WORKER_STACK)
             .spawn(move || {
+                densevm_seccomp::enter(kind);
                 for i in 0..events.len() {
                     handler.handle_queue(i);
                 }

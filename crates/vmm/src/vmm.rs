@@ -227,7 +227,10 @@ impl Vmm {
             let (shared, tx) = (self.shared.clone(), EventSink(self.events_tx.clone()));
             let handle = std::thread::Builder::new()
                 .name("vcpu".into())
-                .spawn(move || vcpu.run(shared, tx))
+                .spawn(move || {
+                    densevm_seccomp::enter(densevm_seccomp::ThreadKind::Vcpu);
+                    vcpu.run(shared, tx)
+                })
                 .map_err(|source| VmmError::Host {
                     what: "spawning a vCPU thread",
                     source,
@@ -240,6 +243,9 @@ impl Vmm {
     /// Runs the VM until it ends, then stops every vCPU and device.
     pub fn run(mut self) -> Result<RunOutcome, VmmError> {
         let threads = self.spawn_vcpus()?;
+        // The control thread filters itself once the vCPUs (which filter themselves) run;
+        // everything built before, it built unfiltered.
+        densevm_seccomp::enter(densevm_seccomp::ThreadKind::Vmm);
         if self.notify_vmgenid {
             // The irqchip and LAPICs are restored: the GED's edge reaches the guest.
             if let Err(e) = crate::arch::vmgenid::notify_guest(self.vm.fd()) {

@@ -253,7 +253,10 @@ impl ApiServer {
         let thread = std::thread::Builder::new()
             .name("api".into())
             .stack_size(API_THREAD_STACK)
-            .spawn(move || self.accept_loop(thread_wake.as_fd(), &mut *handler))?;
+            .spawn(move || {
+                densevm_seccomp::enter(densevm_seccomp::ThreadKind::Api);
+                self.accept_loop(thread_wake.as_fd(), &mut *handler)
+            })?;
         Ok(ApiServerHandle {
             thread: Some(thread),
             wake,

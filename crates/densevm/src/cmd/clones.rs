@@ -197,6 +197,10 @@ fn spawn_one(
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err);
+        if densevm_seccomp::mode() == densevm_seccomp::Mode::Off {
+            // Clones inherit `--seccomp off`.
+            cmd.arg("--seccomp").arg("off");
+        }
         if let Some(fd) = &ram_child {
             cmd.arg("--ram-fd").arg(fd.as_raw_fd().to_string());
         }
@@ -261,6 +265,7 @@ impl Starting {
             .name("clone-reaper".into())
             .stack_size(64 << 10)
             .spawn(move || {
+                densevm_seccomp::enter(densevm_seccomp::ThreadKind::CloneReaper);
                 for (mut child, _, _) in children {
                     let _ = child.wait();
                 }

@@ -93,7 +93,10 @@ pub fn serve_console_socket_paced(
         std::thread::Builder::new()
             .name("console".into())
             .stack_size(CONSOLE_THREAD_STACK)
-            .spawn(move || serve(&listener, thread_wake.as_fd(), input))?,
+            .spawn(move || {
+                densevm_seccomp::enter(densevm_seccomp::ThreadKind::Console);
+                serve(&listener, thread_wake.as_fd(), input)
+            })?,
     );
     Ok(handle)
 }

@@ -12,6 +12,7 @@ pub mod kernel;
 pub mod ninep;
 pub mod pmem;
 pub mod run;
+pub mod seccomp;
 pub mod tier;
 pub mod vm;
 pub mod vm_api;

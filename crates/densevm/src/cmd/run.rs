@@ -138,6 +138,14 @@ pub struct RunArgs {
     /// `--jail DIR --uid N --gid N` and its options (cmd/jail.rs).
     #[command(flatten)]
     pub jail: crate::cmd::jail::JailArgs,
+    /// Confine every VMM thread with its kind's seccomp allow-list (`on`), or run without
+    /// filters (`off`: debugging only, warns on stderr; clones inherit it). A denied call
+    /// ends the VMM with exit code 159 and names the thread kind and call (docs/security.md).
+    #[arg(long, value_enum, default_value_t = crate::cmd::seccomp::Seccomp::On)]
+    pub seccomp: crate::cmd::seccomp::Seccomp,
+    /// (tests) the first thread of this kind makes a forbidden call (docs/security.md).
+    #[arg(long, hide = true, value_name = "KIND", value_parser = crate::cmd::seccomp::parse_kind)]
+    pub seccomp_test_violation: Option<densevm_seccomp::ThreadKind>,
 }
 
 /// `--merge`: the command-line form of [`MergePolicy`].
@@ -253,6 +261,11 @@ pub fn main(mut args: RunArgs) -> anyhow::Result<i32> {
     if let Some(code) = crate::cmd::jail::enter(&mut args)? {
         return Ok(code);
     }
+    crate::cmd::seccomp::setup(
+        args.seccomp,
+        args.api_sock.is_some(),
+        args.seccomp_test_violation,
+    )?;
     if args.kernel.is_none() && (args.initrd.is_some() || args.cmdline.is_some()) {
         bail!("--initrd and --cmdline only apply to a Linux guest: add --kernel FILE");
     }

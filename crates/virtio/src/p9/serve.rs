@@ -498,7 +498,10 @@ impl Pool {
             let spawned = std::thread::Builder::new()
                 .name("virtio-9p-io".into())
                 .stack_size(POOL_STACK)
-                .spawn(move || pool.serve_thread());
+                .spawn(move || {
+                    densevm_seccomp::enter(densevm_seccomp::ThreadKind::P9Io);
+                    pool.serve_thread()
+                });
             match spawned {
                 Ok(t) => {
                     g.live += 1;

@@ -1,0 +1,49 @@
+//! `densevm run --seccomp on|off`: per-thread seccomp filters (docs/security.md,
+//! "seccomp filters"; the lists are in crates/seccomp).
+
+use densevm_seccomp::{Policy, ThreadKind};
+
+/// `--seccomp`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Seccomp {
+    /// Every thread installs its kind's allow-list before the guest runs.
+    On,
+    /// No filters (debugging only; says so loudly). Clones started by this VM inherit it.
+    Off,
+}
+
+/// Parses `--seccomp-test-violation KIND`.
+pub fn parse_kind(text: &str) -> Result<ThreadKind, String> {
+    ThreadKind::from_name(text).ok_or_else(|| {
+        let names: Vec<_> = ThreadKind::ALL.iter().map(|k| k.name()).collect();
+        format!("unknown thread kind; one of {}", names.join(", "))
+    })
+}
+
+/// Turns filtering on (or records that it is off) before `densevm run` starts any thread.
+/// `clones`: this VM may start clone processes (it serves an API socket), so the control
+/// thread's list allows `execve`.
+pub fn setup(
+    mode: Seccomp,
+    clones: bool,
+    test_violation: Option<ThreadKind>,
+) -> anyhow::Result<()> {
+    match mode {
+        Seccomp::On => densevm_seccomp::enable(
+            Policy {
+                exec_clones: clones,
+            },
+            test_violation,
+        )
+        .map_err(|e| anyhow::anyhow!("cannot set up the seccomp filters: {e}")),
+        Seccomp::Off => {
+            densevm_seccomp::disable();
+            eprintln!("densevm: WARNING: ********************************************************");
+            eprintln!("densevm: WARNING: --seccomp off: this VMM runs WITHOUT seccomp filters.");
+            eprintln!("densevm: WARNING: A guest that escapes into it can make any system call.");
+            eprintln!("densevm: WARNING: Use it for debugging only (docs/security.md).");
+            eprintln!("densevm: WARNING: ********************************************************");
+            Ok(())
+        }
+    }
+}
