@@ -131,7 +131,7 @@ fn base(r: &mut Rules) -> Result<(), seccompiler::BackendError> {
     for req in [FIONBIO, FIOCLEX, FIONCLEX, TCGETS] {
         r.allow_if(
             SYS_ioctl,
-            vec![Cond::new(1, Len::Dword, Op::Eq, req as u64)?],
+            vec![Cond::new(1, Len::Dword, Op::Eq, req)?],
         )?;
     }
     r.allow_if(
