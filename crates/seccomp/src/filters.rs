@@ -279,7 +279,11 @@ fn kind_rules(
             ninep(r);
             spawn_threads(r)?;
         }
-        Vsock => unix_sockets(r, true)?,
+        Vsock => {
+            unix_sockets(r, true)?;
+            // Each host connection joins the muxer's epoll set.
+            r.allow(&[SYS_epoll_ctl]);
+        }
         Balloon => {
             // Released pages: holes in the RAM file, through the tier when there is one.
             file_io(r);
