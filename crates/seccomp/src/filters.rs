@@ -129,10 +129,7 @@ fn base(r: &mut Rules) -> Result<(), seccompiler::BackendError> {
     // std's own descriptor ioctls: set_nonblocking (FIONBIO), close-on-exec (FIOCLEX,
     // FIONCLEX), is_terminal (TCGETS).
     for req in [FIONBIO, FIOCLEX, FIONCLEX, TCGETS] {
-        r.allow_if(
-            SYS_ioctl,
-            vec![Cond::new(1, Len::Dword, Op::Eq, req)?],
-        )?;
+        r.allow_if(SYS_ioctl, vec![Cond::new(1, Len::Dword, Op::Eq, req)?])?;
     }
     r.allow_if(
         SYS_seccomp,

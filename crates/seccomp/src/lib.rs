@@ -174,9 +174,23 @@ pub fn enable(policy: Policy, test_violation: Option<ThreadKind>) -> Result<(), 
         return Err(Error("seccomp filtering is already enabled".into()));
     }
     sigsys::install().map_err(|e| Error(format!("installing the SIGSYS handler: {e}")))?;
+    fix_malloc_arena_limit();
     VIOLATION.store(test_violation.map_or(0, |k| k as u8 + 1), Ordering::Release);
     MODE.store(1, Ordering::Release);
     Ok(())
+}
+
+/// glibc computes its malloc arena limit lazily: the thread that first needs a ninth
+/// arena reads `/sys/devices/system/cpu/online` (`openat`), and in a filtered thread
+/// without `openat` that call kills the process (seen in the nested lab: a Linux VM with
+/// its workers, 9p pool and clone reaper passes eight arenas). Setting the limit now, while
+/// nothing is filtered, to glibc's own default (8 per CPU on 64-bit) means it is never
+/// computed later.
+fn fix_malloc_arena_limit() {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let limit = libc::c_int::try_from(cpus.saturating_mul(8)).unwrap_or(libc::c_int::MAX);
+    // SAFETY: mallopt only changes a malloc tunable; M_ARENA_MAX takes any positive count.
+    unsafe { libc::mallopt(libc::M_ARENA_MAX, limit) };
 }
 
 /// Records `--seccomp off`: [`mode`] answers [`Mode::Off`] and [`enter`] stays a no-op.

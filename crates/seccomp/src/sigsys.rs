@@ -41,14 +41,18 @@ impl Line {
     }
 }
 
-/// The message for system call `nr` denied on a thread of kind `kind`.
-fn message(kind: Option<crate::ThreadKind>, nr: i64) -> Line {
+/// The message for system call `nr` denied on a thread of kind `kind` named `thread`.
+fn message(kind: Option<crate::ThreadKind>, thread: &[u8], nr: i64) -> Line {
     let mut line = Line {
         buf: [0; 256],
         len: 0,
     };
     line.push(b"densevm: seccomp: thread kind ");
-    line.push(kind.map_or("unfiltered", |k| k.name()).as_bytes());
+    // A thread that never called `enter` runs under the filter it inherited.
+    line.push(
+        kind.map_or("none (inherited filter)", |k| k.name())
+            .as_bytes(),
+    );
     line.push(b" made a forbidden system call: ");
     match crate::syscall_name(nr) {
         Some(name) => line.push(name.as_bytes()),
@@ -58,7 +62,9 @@ fn message(kind: Option<crate::ThreadKind>, nr: i64) -> Line {
     line.push_num(nr as u64);
     line.push(b"); exiting with code ");
     line.push_num(crate::EXIT_CODE as u64);
-    line.push(b" (docs/security.md)\n");
+    line.push(b" (docs/security.md; thread '");
+    line.push(thread);
+    line.push(b"')\n");
     line
 }
 
@@ -69,7 +75,12 @@ extern "C" fn handle(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut l
     let nr = unsafe {
         std::ptr::read_unaligned((info as *const u8).add(SI_SYSCALL_OFFSET) as *const i32)
     };
-    let line = message(crate::current_kind(), i64::from(nr));
+    let mut name = [0u8; 16];
+    // SAFETY: PR_GET_NAME writes at most 16 bytes (NUL included) into `name`; prctl is
+    // async-signal-safe and PR_GET_NAME is allowed by every filter.
+    unsafe { libc::prctl(libc::PR_GET_NAME, name.as_mut_ptr()) };
+    let len = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+    let line = message(crate::current_kind(), &name[..len], i64::from(nr));
     // SAFETY: write and _exit are async-signal-safe and allowed by every filter; the
     // buffer is valid for `len` bytes. Nothing runs after _exit.
     unsafe {
@@ -97,14 +108,16 @@ pub fn install() -> io::Result<()> {
 mod tests {
     #[test]
     fn message_names_kind_and_call() {
-        let line = super::message(Some(crate::ThreadKind::Vcpu), 41);
+        let line = super::message(Some(crate::ThreadKind::Vcpu), b"vcpu", 41);
         let text = std::str::from_utf8(&line.buf[..line.len]).unwrap();
         assert_eq!(
             text,
-            "densevm: seccomp: thread kind vcpu made a forbidden system call: socket (41); exiting with code 159 (docs/security.md)\n"
+            "densevm: seccomp: thread kind vcpu made a forbidden system call: socket (41); exiting with code 159 (docs/security.md; thread 'vcpu')\n"
         );
-        let line = super::message(None, 9999);
+        let line = super::message(None, b"x", 9999);
         let text = std::str::from_utf8(&line.buf[..line.len]).unwrap();
-        assert!(text.contains("unfiltered made a forbidden system call: unknown (9999)"));
+        assert!(
+            text.contains("none (inherited filter) made a forbidden system call: unknown (9999)")
+        );
     }
 }
