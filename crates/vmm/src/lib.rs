@@ -13,6 +13,7 @@ pub mod memory;
 pub mod persist;
 pub mod report;
 pub mod snapshot;
+pub mod text_trim;
 pub mod tiering;
 pub mod trace;
 pub mod vmm;

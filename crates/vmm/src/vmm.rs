@@ -20,6 +20,9 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+/// How long after start a VM drops the code mappings only its start-up used.
+const TEXT_TRIM_AFTER: Duration = Duration::from_millis(500);
 use thiserror::Error;
 
 /// How a VM run ended.
@@ -260,10 +263,29 @@ impl Vmm {
             .take()
             .ok_or_else(|| VmmError::Config("the VM's event loop already ran".into()))?;
         let deadline = self.timeout.map(|t| Instant::now() + t);
+        // Half a second after start the code only start-up ran is dropped from the page
+        // tables (crate::text_trim): an idle VM's USS is then the code it still runs.
+        let mut trim_at = Some(Instant::now() + TEXT_TRIM_AFTER);
         let (mut halted, mut left) = (0, 0);
         let end = loop {
             let wait = deadline.map_or(Duration::from_secs(3600), |d| {
                 d.saturating_duration_since(Instant::now())
+            });
+            if let Some(at) = trim_at {
+                let now = Instant::now();
+                if now >= at {
+                    trim_at = None;
+                    match crate::text_trim::trim_own_text() {
+                        Ok(b) => {
+                            tracing::debug!("dropped {} KiB of start-up code mappings", b >> 10)
+                        }
+                        Err(e) => tracing::debug!("cannot drop start-up code mappings: {e}"),
+                    }
+                    continue;
+                }
+            }
+            let wait = trim_at.map_or(wait, |at| {
+                wait.min(at.saturating_duration_since(Instant::now()))
             });
             let event = match rx.recv_timeout(wait) {
                 Ok(LoopEvent::Vcpu(event)) => event,
