@@ -261,8 +261,15 @@ pub fn main(mut args: RunArgs) -> anyhow::Result<i32> {
     if let Some(code) = crate::cmd::jail::enter(&mut args)? {
         return Ok(code);
     }
+    // A VM with --pmem runs unfiltered for now: its clones hung under the filters
+    // (lab/tests/pmem-clones.sh; docs/security.md, known gaps).
+    let seccomp = if args.pmem.is_empty() {
+        args.seccomp
+    } else {
+        crate::cmd::seccomp::Seccomp::Off
+    };
     crate::cmd::seccomp::setup(
-        args.seccomp,
+        seccomp,
         args.api_sock.is_some(),
         args.seccomp_test_violation,
     )?;
