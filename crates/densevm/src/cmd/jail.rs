@@ -200,14 +200,7 @@ fn plan(
     if let Some(i) = &args.initrd {
         b = b.file(i, true, "--initrd");
     }
-    let specs = crate::cmd::devices::DeviceSpecs::absolute(
-        &args.disk,
-        &args.share,
-        args.rng,
-        &args.pmem,
-        &args.net,
-    )
-    .with_vsock(args.vsock.as_ref());
+    let specs = args.device_specs();
     b = add_devices(b, &specs)?;
     if let (Some(dir), Some(specs)) = (&args.restore, restored) {
         b = b.dir(dir, false, "--restore (snapshot and clone overlays)");

@@ -148,6 +148,21 @@ pub struct RunArgs {
     pub seccomp_test_violation: Option<densevm_seccomp::ThreadKind>,
 }
 
+impl RunArgs {
+    /// The device options as [`DeviceSpecs`](crate::cmd::devices::DeviceSpecs): paths made
+    /// absolute, each `--net` given a MAC, `--vsock` added.
+    pub fn device_specs(&self) -> crate::cmd::devices::DeviceSpecs {
+        crate::cmd::devices::DeviceSpecs::absolute(
+            &self.disk,
+            &self.share,
+            self.rng,
+            &self.pmem,
+            &self.net,
+        )
+        .with_vsock(self.vsock.as_ref())
+    }
+}
+
 /// `--merge`: the command-line form of [`MergePolicy`].
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Merge {
@@ -315,14 +330,7 @@ pub fn main(mut args: RunArgs) -> anyhow::Result<i32> {
         }
         crate::cmd::balloon::check_balloon(b, args.memory)?;
     }
-    let specs = crate::cmd::devices::DeviceSpecs::absolute(
-        &args.disk,
-        &args.share,
-        args.rng,
-        &args.pmem,
-        &args.net,
-    )
-    .with_vsock(args.vsock.as_ref());
+    let specs = args.device_specs();
     let (devices, disk_handles) = specs.open()?;
     let pmem = PmemRegions::open(&specs.pmem)?;
     let config = VmConfig {
