@@ -9,6 +9,17 @@ fail() {
   exit 1
 }
 
+# vmm_threads PID: each thread of a (hung) VMM: name, state, kernel wait channel and the
+# syscall it is in (/proc/PID/task/T/syscall: number and arguments), to tell where it waits.
+vmm_threads() {
+  echo "--- threads of pid $1:"
+  for _t in /proc/"$1"/task/*; do
+    [ -d "$_t" ] || continue
+    echo "  $(cat "$_t/comm" 2>/dev/null) tid ${_t##*/}: state $(awk '{ print $3 }' "$_t/stat" 2>/dev/null)," \
+      "wchan $(cat "$_t/wchan" 2>/dev/null), syscall $(cat "$_t/syscall" 2>/dev/null)"
+  done
+}
+
 # need_file PATH...: fails loudly when an artifact is missing.
 need_file() {
   for f in "$@"; do

@@ -82,8 +82,16 @@ q() {
   QN=$((QN + 1))
   densevm console --sock "$_sock" --send="echo \"@Q$QN \$($2) Q$QN-END@\$((6*7))\"\n" \
     --wait-for="Q$QN-END@42" --console-file "$_log" --timeout 300 ||
-    { tail -n 20 "$_log"; fail "$1: no answer within 300 s to: $2"; }
+    { tail -n 20 "$_log"; vmm_threads "$(vm_pid "$1")"; grep 'ended:' "$W/parent.log"
+      fail "$1: no answer within 300 s to: $2"; }
   ANS=$(tr -d '\r' < "$_log" | sed -n "s/.*@Q$QN \(.*\) Q$QN-END@42.*/\1/p" | tail -n 1)
+}
+# vm_pid WHO: the VMM process of WHO.
+vm_pid() {
+  case $1 in
+    parent) echo "$parent" ;;
+    clone*) sed -n "$((${1#clone} + 1))p" "$W/pids" ;;
+  esac
 }
 # expect WHO WHAT EXPECTED CMD: q WHO CMD, and its answer must be EXPECTED.
 expect() {
@@ -117,7 +125,8 @@ done
 k=0
 while [ $k -lt $N ]; do
   pid=$(sed -n "$((k + 1))p" "$W/pids")
-  kill -0 "$pid" 2>/dev/null || { tail -n 20 "$W/tpl/clone-$k.console"; fail "clone $k (pid $pid) is not running"; }
+  kill -0 "$pid" 2>/dev/null || { tail -n 20 "$W/tpl/clone-$k.console"; grep 'ended:' "$W/parent.log"
+    fail "clone $k (pid $pid) is not running"; }
   k=$((k + 1))
 done
 kill -0 "$parent" 2>/dev/null || { tail -n 20 "$W/parent.log"; fail "the parent ended at the clone"; }

@@ -104,6 +104,27 @@ fn seccomp_off_warns_loudly_and_lets_the_forbidden_call_through() {
     assert!(!err.contains("forbidden system call"), "{err}");
 }
 
+#[test]
+fn seccomp_log_warns_and_lets_the_forbidden_call_through_under_logging_filters() {
+    let out = run_probe(&[
+        "--probe",
+        "exit 7",
+        "--seccomp",
+        "log",
+        "--seccomp-test-violation",
+        "vcpu",
+    ]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(7), "{err}");
+    assert!(
+        err.contains("WARNING: --seccomp log: the seccomp filters deny nothing"),
+        "{err}"
+    );
+    // The hook ran (filters were entered) and its call went through.
+    assert!(err.contains("making a forbidden call"), "{err}");
+    assert!(!err.contains("forbidden system call"), "{err}");
+}
+
 /// With the filters on, a probe VM that touches memory over two vCPUs, serves its API and
 /// console sockets and keeps RAM under a budget runs to its own exit code.
 #[test]

@@ -285,6 +285,19 @@ fn clones_of_a_running_probe_share_unwritten_memory() {
     for ratio in &ratios {
         assert!(*ratio < 0.6, "guest RAM PSS/RSS of the clones: {ratios:?}");
     }
+    // A clone kicks its own vCPUs to pause them. It runs under its parent's control-thread
+    // seccomp list too (filters survive execve): that list must not tie `tgkill` to the
+    // parent's pid (the lab's pmem clones died of SIGSYS at a read-only slot refresh).
+    for c in clones {
+        let api = PathBuf::from(c["api_sock"].as_str().unwrap());
+        vm(&["pause"], &api);
+        vm(&["resume"], &api);
+        let info = vm(&["info", "--json"], &api);
+        assert!(
+            info.contains("Running"),
+            "clone after pause and resume: {info}"
+        );
+    }
     assert_eq!(parent.wait().unwrap().code(), Some(3));
     let (name, console, byte) = &vms[0];
     own_sums.push(own_sum(name, console, *byte));

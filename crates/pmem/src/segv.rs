@@ -170,7 +170,10 @@ fn install() -> Result<()> {
     // Block every asynchronous signal while the handler runs (they are delivered when it
     // returns): one delivered on the alternate stack while the fault is served on the
     // interrupted stack would overwrite this handler's frame there. Synchronous ones stay
-    // deliverable (a fault inside the fault path reaches the previous handler).
+    // deliverable (a fault inside the fault path reaches the previous handler), SIGSYS
+    // included: a system call the thread's seccomp filter denies inside the fault path must
+    // reach the SIGSYS handler, which names it; blocked, the kernel would kill the process
+    // silently.
     // SAFETY: sigfillset/sigdelset on a sigset we own.
     unsafe {
         libc::sigfillset(&mut new.sa_mask);
@@ -180,6 +183,7 @@ fn install() -> Result<()> {
             libc::SIGILL,
             libc::SIGFPE,
             libc::SIGTRAP,
+            libc::SIGSYS,
         ] {
             libc::sigdelset(&mut new.sa_mask, sync);
         }

@@ -22,6 +22,10 @@ pub struct Policy {
     /// seccomp filters survive `execve`, its list then also covers everything a freshly
     /// started densevm does before its own threads filter themselves.
     pub exec_clones: bool,
+    /// `--seccomp log`: a call outside a list is allowed and logged by the kernel's audit
+    /// (`SECCOMP_RET_LOG`, `type=1326` lines in dmesg when audit is on) instead of killing
+    /// the process: for finding what a list lacks on a new kernel or C library.
+    pub log_only: bool,
 }
 
 /// ioctl type bytes (`_IOC_TYPE`): the families an ioctl filter admits.
@@ -391,6 +395,11 @@ fn exec_clones(r: &mut Rules) -> Result<(), seccompiler::BackendError> {
         SYS_fchmod,
         SYS_pidfd_open,
         SYS_kill,
+        // A clone's threads run under this list too, and `base` admits `tgkill` only for
+        // this process's pid: without this, a clone kicking its own vCPUs (a read-only slot
+        // refresh, a pause) is denied. glibc's `pthread_kill` blocks every signal around
+        // its `tgkill`, so that SIGSYS killed the clone without the handler's message.
+        SYS_tgkill,
     ]);
     r.allow_if(
         SYS_socket,
@@ -422,7 +431,11 @@ pub(crate) fn compile(
     let arch = TargetArch::x86_64;
     let main = SeccompFilter::new(
         rules(kind, policy)?,
-        SeccompAction::Trap,
+        if policy.log_only {
+            SeccompAction::Log
+        } else {
+            SeccompAction::Trap
+        },
         SeccompAction::Allow,
         arch,
     )?;

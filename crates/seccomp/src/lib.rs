@@ -120,6 +120,10 @@ pub enum Mode {
     On,
     /// `--seccomp off`: [`disable`] was called; processes this one starts should be told.
     Off,
+    /// [`enable`] was called with [`Policy::log_only`] (`--seccomp log`): [`enter`]
+    /// installs filters that log what they would deny; processes this one starts should
+    /// be told.
+    Log,
 }
 
 static MODE: AtomicU8 = AtomicU8::new(0);
@@ -146,6 +150,7 @@ pub fn mode() -> Mode {
     match MODE.load(Ordering::Acquire) {
         1 => Mode::On,
         2 => Mode::Off,
+        3 => Mode::Log,
         _ => Mode::Unset,
     }
 }
@@ -166,6 +171,7 @@ impl std::error::Error for Error {}
 /// installs the SIGSYS handler, and makes [`enter`] install filters from now on. Call it
 /// once, before the process starts any thread that calls [`enter`].
 pub fn enable(policy: Policy, test_violation: Option<ThreadKind>) -> Result<(), Error> {
+    let log_only = policy.log_only;
     let programs = ThreadKind::ALL
         .iter()
         .map(|&k| filters::compile(k, &policy).map_err(|e| Error(format!("{}: {e}", k.name()))))
@@ -176,7 +182,7 @@ pub fn enable(policy: Policy, test_violation: Option<ThreadKind>) -> Result<(), 
     sigsys::install().map_err(|e| Error(format!("installing the SIGSYS handler: {e}")))?;
     fix_malloc_arena_limit();
     VIOLATION.store(test_violation.map_or(0, |k| k as u8 + 1), Ordering::Release);
-    MODE.store(1, Ordering::Release);
+    MODE.store(if log_only { 3 } else { 1 }, Ordering::Release);
     Ok(())
 }
 
@@ -202,7 +208,7 @@ pub fn disable() {
 /// call it first thing in every thread. A failure to install is fatal: the thread would
 /// otherwise run unconfined, so the process ends (exit code 1) with a message.
 pub fn enter(kind: ThreadKind) {
-    if mode() != Mode::On {
+    if !matches!(mode(), Mode::On | Mode::Log) {
         return;
     }
     let Some(programs) = PROGRAMS.get() else {

@@ -15,7 +15,14 @@ fn kinds_round_trip_and_compile() {
     for &k in ThreadKind::ALL {
         assert_eq!(ThreadKind::from_name(k.name()), Some(k));
         for exec_clones in [false, true] {
-            let p = filters::compile(k, &Policy { exec_clones }).unwrap();
+            let p = filters::compile(
+                k,
+                &Policy {
+                    exec_clones,
+                    log_only: false,
+                },
+            )
+            .unwrap();
             assert!(
                 p[0].len() > 10 && p[0].len() < 4096,
                 "{k:?}: {}",
@@ -80,7 +87,14 @@ fn vcpu_cannot_exec_or_open_inet_sockets() {
     assert!(!r[&libc::SYS_mmap].is_empty(), "mmap is argument-filtered");
     let vmm = filters::rules(ThreadKind::Vmm, &Policy::default()).unwrap();
     assert!(!vmm.contains_key(&libc::SYS_execve));
-    let vmm = filters::rules(ThreadKind::Vmm, &Policy { exec_clones: true }).unwrap();
+    let vmm = filters::rules(
+        ThreadKind::Vmm,
+        &Policy {
+            exec_clones: true,
+            ..Policy::default()
+        },
+    )
+    .unwrap();
     assert!(vmm.contains_key(&libc::SYS_execve));
 }
 
@@ -138,4 +152,127 @@ fn enter_is_a_no_op_until_enabled() {
     assert!(fd >= 0);
     // SAFETY: `fd` is ours.
     unsafe { libc::close(fd) };
+}
+
+/// A clone runs under its parent's control-thread list (filters survive `execve`) as well
+/// as its own: no rule of that list may name the parent's pid, and it covers every kind.
+#[test]
+fn the_control_list_that_clones_inherit_covers_every_kind_for_any_pid() {
+    let vmm = filters::rules(
+        ThreadKind::Vmm,
+        &Policy {
+            exec_clones: true,
+            ..Policy::default()
+        },
+    )
+    .unwrap();
+    assert!(
+        vmm[&libc::SYS_tgkill].is_empty(),
+        "tgkill must not be pid-bound"
+    );
+    for &k in ThreadKind::ALL {
+        for (nr, rules) in filters::rules(k, &Policy::default()).unwrap() {
+            let Some(prules) = vmm.get(&nr) else {
+                panic!("a clone's {k:?} needs {:?}", syscall_name(nr));
+            };
+            assert!(
+                prules.is_empty() || !rules.is_empty(),
+                "the inherited list restricts {:?} that {k:?} allows",
+                syscall_name(nr)
+            );
+        }
+    }
+}
+
+extern "C" fn on_usr1(_: libc::c_int) {}
+
+/// Stages of [`a_clone_started_by_a_filtered_control_thread_can_kick_its_threads`], each
+/// in its own process (this test binary, re-run).
+fn exec_stage(stage: &str) -> ! {
+    if stage == "parent" {
+        // The parent VMM: its control thread is filtered and starts the clone.
+        enable(
+            Policy {
+                exec_clones: true,
+                ..Policy::default()
+            },
+            None,
+        )
+        .unwrap();
+        enter(ThreadKind::Vmm);
+        let status = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "tests::a_clone_started_by_a_filtered_control_thread_can_kick_its_threads",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("DENSEVM_SECCOMP_TEST_EXEC", "clone")
+            .status()
+            .unwrap();
+        eprintln!("parent: the clone ended with {status}");
+        std::process::exit(status.code().unwrap_or(100));
+    }
+    // The clone: its own filters on top of the inherited one; its control thread kicks a
+    // vCPU-kind thread the way the VMM does (pthread_kill of a real-time signal).
+    enable(Policy::default(), None).unwrap();
+    // SAFETY: a plain handler that does nothing; the sigaction struct is fully set.
+    unsafe {
+        let mut act: libc::sigaction = std::mem::zeroed();
+        act.sa_sigaction = on_usr1 as *const () as usize;
+        libc::sigemptyset(&mut act.sa_mask);
+        assert_eq!(
+            libc::sigaction(libc::SIGUSR1, &act, std::ptr::null_mut()),
+            0
+        );
+    }
+    enter(ThreadKind::Vmm);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop2 = stop.clone();
+    let vcpu = std::thread::spawn(move || {
+        enter(ThreadKind::Vcpu);
+        while !stop2.load(Ordering::Acquire) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    });
+    use std::os::unix::thread::JoinHandleExt;
+    for _ in 0..10 {
+        // SAFETY: the thread is alive until it is joined below.
+        assert_eq!(
+            unsafe { libc::pthread_kill(vcpu.as_pthread_t(), libc::SIGUSR1) },
+            0
+        );
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    stop.store(true, Ordering::Release);
+    vcpu.join().unwrap();
+    eprintln!("clone: kicked its vCPU thread 10 times");
+    std::process::exit(0);
+}
+
+#[test]
+fn a_clone_started_by_a_filtered_control_thread_can_kick_its_threads() {
+    if let Ok(stage) = std::env::var("DENSEVM_SECCOMP_TEST_EXEC") {
+        exec_stage(&stage);
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "tests::a_clone_started_by_a_filtered_control_thread_can_kick_its_threads",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("DENSEVM_SECCOMP_TEST_EXEC", "parent")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("clone: kicked its vCPU thread 10 times"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("the clone ended with exit status: 0"),
+        "{stderr}"
+    );
 }

@@ -197,12 +197,9 @@ fn spawn_one(
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err);
-        // Clones inherit `--seccomp off`. Clones of a VM with `--pmem` run unfiltered for
-        // now: under the filters they hung reading their pmem region in
-        // lab/tests/pmem-clones.sh (docs/security.md, known gaps).
-        let pmem_clone = dir.join(format!("pmem0.clone-{index}.pcow")).exists();
-        if densevm_seccomp::mode() == densevm_seccomp::Mode::Off || pmem_clone {
-            cmd.arg("--seccomp").arg("off");
+        // Clones inherit `--seccomp off` and `--seccomp log`.
+        if let Some(mode) = crate::cmd::seccomp::Seccomp::for_clones() {
+            cmd.arg("--seccomp").arg(mode);
         }
         if let Some(fd) = &ram_child {
             cmd.arg("--ram-fd").arg(fd.as_raw_fd().to_string());
@@ -269,8 +266,16 @@ impl Starting {
             .stack_size(64 << 10)
             .spawn(move || {
                 densevm_seccomp::enter(densevm_seccomp::ThreadKind::CloneReaper);
-                for (mut child, _, _) in children {
-                    let _ = child.wait();
+                for (mut child, _, console) in children {
+                    match child.wait() {
+                        Ok(s) if s.success() => {}
+                        Ok(s) => tracing::warn!(
+                            "clone {} ended: {s}; see {}",
+                            child.id(),
+                            console.display()
+                        ),
+                        Err(e) => tracing::warn!("clone {}: wait: {e}", child.id()),
+                    }
                 }
             });
         self.infos

@@ -138,9 +138,11 @@ pub struct RunArgs {
     /// `--jail DIR --uid N --gid N` and its options (cmd/jail.rs).
     #[command(flatten)]
     pub jail: crate::cmd::jail::JailArgs,
-    /// Confine every VMM thread with its kind's seccomp allow-list (`on`), or run without
-    /// filters (`off`: debugging only, warns on stderr; clones inherit it). A denied call
-    /// ends the VMM with exit code 159 and names the thread kind and call (docs/security.md).
+    /// Confine every VMM thread with its kind's seccomp allow-list (`on`), run without
+    /// filters (`off`), or with filters that only have the kernel log what they would deny
+    /// (`log`: audit records in dmesg). `off` and `log` are for debugging, warn on stderr,
+    /// and clones inherit them. A denied call ends the VMM with exit code 159 and names the
+    /// thread kind and call (docs/security.md).
     #[arg(long, value_enum, default_value_t = crate::cmd::seccomp::Seccomp::On)]
     pub seccomp: crate::cmd::seccomp::Seccomp,
     /// (tests) the first thread of this kind makes a forbidden call (docs/security.md).
@@ -276,15 +278,8 @@ pub fn main(mut args: RunArgs) -> anyhow::Result<i32> {
     if let Some(code) = crate::cmd::jail::enter(&mut args)? {
         return Ok(code);
     }
-    // A VM with --pmem runs unfiltered for now: its clones hung under the filters
-    // (lab/tests/pmem-clones.sh; docs/security.md, known gaps).
-    let seccomp = if args.pmem.is_empty() {
-        args.seccomp
-    } else {
-        crate::cmd::seccomp::Seccomp::Off
-    };
     crate::cmd::seccomp::setup(
-        seccomp,
+        args.seccomp,
         args.api_sock.is_some(),
         args.seccomp_test_violation,
     )?;

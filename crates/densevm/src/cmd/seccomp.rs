@@ -10,6 +10,23 @@ pub enum Seccomp {
     On,
     /// No filters (debugging only; says so loudly). Clones started by this VM inherit it.
     Off,
+    /// Filters that allow what they would deny and have the kernel log it (audit
+    /// `type=1326` records in dmesg, with the syscall number; needs audit on, e.g. the
+    /// `audit=1` boot parameter): for finding what a list lacks on another kernel or C
+    /// library. Debugging only, like `off`; clones inherit it.
+    Log,
+}
+
+impl Seccomp {
+    /// The flag value clones of this VM are started with (they inherit `off` and `log`);
+    /// `None` when it is the default.
+    pub fn for_clones() -> Option<&'static str> {
+        match densevm_seccomp::mode() {
+            densevm_seccomp::Mode::Off => Some("off"),
+            densevm_seccomp::Mode::Log => Some("log"),
+            densevm_seccomp::Mode::On | densevm_seccomp::Mode::Unset => None,
+        }
+    }
 }
 
 /// Parses `--seccomp-test-violation KIND`.
@@ -29,13 +46,26 @@ pub fn setup(
     test_violation: Option<ThreadKind>,
 ) -> anyhow::Result<()> {
     match mode {
-        Seccomp::On => densevm_seccomp::enable(
-            Policy {
-                exec_clones: clones,
-            },
-            test_violation,
-        )
-        .map_err(|e| anyhow::anyhow!("cannot set up the seccomp filters: {e}")),
+        Seccomp::On | Seccomp::Log => {
+            let log_only = mode == Seccomp::Log;
+            if log_only {
+                eprintln!(
+                    "densevm: WARNING: --seccomp log: the seccomp filters deny nothing; the kernel"
+                );
+                eprintln!("densevm: WARNING: logs each call they would deny (dmesg, audit type=1326, with");
+                eprintln!(
+                    "densevm: WARNING: audit on). Use it for debugging only (docs/security.md)."
+                );
+            }
+            densevm_seccomp::enable(
+                Policy {
+                    exec_clones: clones,
+                    log_only,
+                },
+                test_violation,
+            )
+            .map_err(|e| anyhow::anyhow!("cannot set up the seccomp filters: {e}"))
+        }
         Seccomp::Off => {
             densevm_seccomp::disable();
             eprintln!("densevm: WARNING: ********************************************************");
