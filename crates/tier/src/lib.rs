@@ -105,7 +105,8 @@ pub struct TierStats {
     pub resident: u64,
     /// Pages in the compressed store and the bytes they take.
     pub compressed_pages: u64,
-    /// Compressed bytes held.
+    /// The heap the compressed store takes: each page's malloc chunk and bookkeeping
+    /// (what the budget counts; a little more than the compressed bytes).
     pub compressed_bytes: u64,
     /// Pages in the swap file.
     pub swap_pages: u64,
