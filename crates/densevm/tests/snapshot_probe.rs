@@ -285,9 +285,30 @@ fn clones_of_a_running_probe_share_unwritten_memory() {
     for ratio in &ratios {
         assert!(*ratio < 0.6, "guest RAM PSS/RSS of the clones: {ratios:?}");
     }
-    // A clone kicks its own vCPUs to pause them. It runs under its parent's control-thread
-    // seccomp list too (filters survive execve): that list must not tie `tgkill` to the
-    // parent's pid (the lab's pmem clones died of SIGSYS at a read-only slot refresh).
+    // The clones were started by the parent's clone launcher (forked before the filters,
+    // so no VMM thread can exec): each is the launcher's child and runs under its own
+    // control thread's two seccomp programs only, none inherited from the parent's.
+    let parent_pid = parent.id().to_string();
+    for c in clones {
+        let pid = c["pid"].as_u64().unwrap();
+        let launcher = status_field(pid, "PPid");
+        assert_eq!(
+            status_field_of(&launcher, "PPid"),
+            parent_pid,
+            "clone {pid}'s parent"
+        );
+        assert_eq!(
+            std::fs::read_to_string(format!("/proc/{launcher}/comm"))
+                .unwrap()
+                .trim(),
+            "densevm-launch"
+        );
+        assert_eq!(status_field_of(&launcher, "Seccomp_filters"), "0");
+        assert_eq!(status_field(pid, "Seccomp_filters"), "2", "clone {pid}");
+    }
+    assert_eq!(status_field_of(&parent_pid, "Seccomp_filters"), "2");
+    // A clone kicks its own vCPUs to pause them (the lab's pmem clones, when they still ran
+    // under their parent's filter too, died of SIGSYS: its `tgkill` named the parent's pid).
     for c in clones {
         let api = PathBuf::from(c["api_sock"].as_str().unwrap());
         vm(&["pause"], &api);
@@ -304,6 +325,20 @@ fn clones_of_a_running_probe_share_unwritten_memory() {
     for (i, sum) in own_sums.iter().enumerate() {
         assert!(!own_sums[..i].contains(sum), "equal sums: {own_sums:?}");
     }
+}
+
+/// A field of /proc/PID/status.
+fn status_field(pid: u64, name: &str) -> String {
+    status_field_of(&pid.to_string(), name)
+}
+
+fn status_field_of(pid: &str, name: &str) -> String {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}:")))
+        .unwrap_or_else(|| panic!("no {name} in /proc/{pid}/status"))
+        .trim()
+        .to_string()
 }
 
 /// RSS and PSS (KiB) of the clone's guest-RAM mapping (the RAM file, mapped private).

@@ -5,7 +5,8 @@
 //! stacked filters intersect, so a kind that starts threads lazily allows everything its
 //! children need (vCPUs activate devices, whose workers start then: the vCPU list includes
 //! every worker's; the 9p dispatcher starts its pool; the control thread resumes parked
-//! workers, maps pmem overlays and starts clone processes).
+//! workers and maps pmem overlays). No thread starts programs: clones are started by the
+//! clone launcher, a process forked before any filter (densevm's `cmd/launcher.rs`).
 
 use crate::ThreadKind;
 use libc::*;
@@ -18,10 +19,6 @@ use std::collections::BTreeMap;
 /// Process-wide choices the lists depend on.
 #[derive(Clone, Debug, Default)]
 pub struct Policy {
-    /// The control thread may start clone processes (`fork` + `execve` of densevm). Because
-    /// seccomp filters survive `execve`, its list then also covers everything a freshly
-    /// started densevm does before its own threads filter themselves.
-    pub exec_clones: bool,
     /// `--seccomp log`: a call outside a list is allowed and logged by the kernel's audit
     /// (`SECCOMP_RET_LOG`, `type=1326` lines in dmesg when audit is on) instead of killing
     /// the process: for finding what a list lacks on a new kernel or C library.
@@ -267,11 +264,7 @@ fn fault_service(r: &mut Rules) -> Result<(), seccompiler::BackendError> {
 }
 
 /// What one kind's thread may do (besides [`base`]).
-fn kind_rules(
-    kind: ThreadKind,
-    policy: &Policy,
-    r: &mut Rules,
-) -> Result<(), seccompiler::BackendError> {
+fn kind_rules(kind: ThreadKind, r: &mut Rules) -> Result<(), seccompiler::BackendError> {
     use ThreadKind::*;
     match kind {
         Blk | VirtioPmem => file_io(r),
@@ -292,7 +285,7 @@ fn kind_rules(
         }
         VirtioWorker => {
             for k in [Blk, Net, Rng, P9, Vsock, Balloon, VirtioPmem] {
-                kind_rules(k, policy, r)?;
+                kind_rules(k, r)?;
             }
         }
         Vcpu => {
@@ -303,7 +296,7 @@ fn kind_rules(
             fds(r);
             spawn_threads(r)?;
             // Device activation starts the worker, which inherits this filter.
-            kind_rules(VirtioWorker, policy, r)?;
+            kind_rules(VirtioWorker, r)?;
         }
         Api => {
             unix_sockets(r, false)?;
@@ -332,7 +325,7 @@ fn kind_rules(
         }
         Vmm => {
             for k in [Vcpu, Api, Console, PmemFaults, Tier] {
-                kind_rules(k, policy, r)?;
+                kind_rules(k, r)?;
             }
             ninep(r);
             fds(r);
@@ -352,74 +345,18 @@ fn kind_rules(
                 SYS_uname,
             ]);
             r.ioctl_family(UFFDIO)?;
-            if policy.exec_clones {
-                exec_clones(r)?;
-            }
         }
     }
     Ok(())
 }
 
-/// Starting a clone process (`posix_spawn`: clone with CLONE_VM|CLONE_VFORK, setpgid,
-/// dup2, execve) and what the new densevm does before its own threads filter themselves
-/// (the dynamic loader maps code, the VMM opens /dev/kvm, binds its sockets, ...): the
-/// filter survives `execve`, so all of that must pass it.
-fn exec_clones(r: &mut Rules) -> Result<(), seccompiler::BackendError> {
-    r.allow(&[
-        SYS_clone,
-        SYS_vfork,
-        SYS_execve,
-        SYS_execveat,
-        SYS_setpgid,
-        SYS_dup2,
-        SYS_dup3,
-        SYS_mmap,
-        SYS_mprotect,
-        SYS_ioctl,
-        SYS_arch_prctl,
-        SYS_set_tid_address,
-        SYS_prlimit64,
-        SYS_access,
-        SYS_getcwd,
-        SYS_getuid,
-        SYS_geteuid,
-        SYS_getgid,
-        SYS_getegid,
-        SYS_getppid,
-        SYS_sysinfo,
-        SYS_socketpair,
-        SYS_bind,
-        SYS_listen,
-        SYS_connect,
-        SYS_chmod,
-        SYS_fchmod,
-        SYS_pidfd_open,
-        SYS_kill,
-        // A clone's threads run under this list too, and `base` admits `tgkill` only for
-        // this process's pid: without this, a clone kicking its own vCPUs (a read-only slot
-        // refresh, a pause) is denied. glibc's `pthread_kill` blocks every signal around
-        // its `tgkill`, so that SIGSYS killed the clone without the handler's message.
-        SYS_tgkill,
-    ]);
-    r.allow_if(
-        SYS_socket,
-        vec![Cond::new(0, Len::Dword, Op::Eq, AF_UNIX as u64)?],
-    )?;
-    r.allow_if(
-        SYS_prctl,
-        vec![Cond::new(0, Len::Dword, Op::Eq, PR_SET_PDEATHSIG as u64)?],
-    )?;
-    Ok(())
-}
-
-/// The syscalls `kind` may make under `policy` (for tests and docs).
+/// The syscalls `kind` may make (for tests and docs).
 pub(crate) fn rules(
     kind: ThreadKind,
-    policy: &Policy,
 ) -> Result<BTreeMap<i64, Vec<SeccompRule>>, seccompiler::BackendError> {
     let mut r = Rules(BTreeMap::new());
     base(&mut r)?;
-    kind_rules(kind, policy, &mut r)?;
+    kind_rules(kind, &mut r)?;
     Ok(r.0)
 }
 
@@ -430,7 +367,7 @@ pub(crate) fn compile(
 ) -> Result<[BpfProgram; 2], seccompiler::BackendError> {
     let arch = TargetArch::x86_64;
     let main = SeccompFilter::new(
-        rules(kind, policy)?,
+        rules(kind)?,
         if policy.log_only {
             SeccompAction::Log
         } else {

@@ -5,7 +5,7 @@ use densevm_api::types::CloneInfo;
 use densevm_virtio::block::{open_pcow, BackendHandle};
 use densevm_vmm::TemplateHook;
 use std::io::Write;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -118,7 +118,7 @@ pub fn use_clone_overlays(specs: &mut crate::cmd::devices::DeviceSpecs, dir: &Pa
 
 /// Clone processes started, not known to run yet.
 pub struct Starting {
-    children: Vec<(std::process::Child, OwnedFd, PathBuf)>,
+    children: Vec<(Proc, OwnedFd, PathBuf)>,
     infos: Vec<CloneInfo>,
     spawned: Instant,
     /// When the last clone said its vCPUs run.
@@ -156,7 +156,9 @@ pub fn start_clones(
     Ok(starting)
 }
 
-/// Starts clone `index` into `starting`.
+/// Starts clone `index` into `starting`: through the clone launcher when this VMM has
+/// one (`densevm run --api-sock`: no VMM thread may start programs), else directly (the
+/// `densevm vm clone-from` command).
 fn spawn_one(
     exe: &Path,
     dir: &Path,
@@ -165,71 +167,142 @@ fn spawn_one(
     nets: &[densevm_api::NetworkOverride],
     starting: &mut Starting,
 ) -> anyhow::Result<()> {
-    {
-        let sock = dir.join(format!("clone-{index}.sock"));
-        let console = dir.join(format!("clone-{index}.console"));
-        let console_sock = dir.join(format!("clone-{index}.console.sock"));
-        let out = std::fs::File::create(&console)?;
-        let err = out.try_clone()?;
-        let (ready_rx, ready_tx) = pipe()?;
-        // Descriptors the child inherits (no CLOEXEC); closed here once it is spawned.
-        // Only this thread spawns processes, so no other child can inherit them.
-        let ready_child = inheritable(ready_tx.as_raw_fd())?;
-        drop(ready_tx);
-        let ram_child = ram.map(|fd| inheritable(fd.as_raw_fd())).transpose()?;
-        let mut cmd = Command::new(exe);
-        cmd.arg("run")
-            .arg("--trace")
-            .arg("--restore")
-            .arg(dir)
-            .arg("--api-sock")
-            .arg(&sock)
-            .arg("--id")
-            .arg(format!("clone-{index}"))
-            .arg("--clone-index")
-            .arg(index.to_string())
-            .arg("--console-sock")
-            .arg(&console_sock)
-            .arg("--ready-fd")
-            .arg(ready_child.as_raw_fd().to_string())
-            // Its own process group: a terminal's signals to this VMM spare the clones.
-            .process_group(0)
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err);
-        // Clones inherit `--seccomp off` and `--seccomp log`.
-        if let Some(mode) = crate::cmd::seccomp::Seccomp::for_clones() {
-            cmd.arg("--seccomp").arg(mode);
-        }
-        if let Some(fd) = &ram_child {
-            cmd.arg("--ram-fd").arg(fd.as_raw_fd().to_string());
-        }
-        for o in nets {
-            cmd.arg("--net-override")
-                .arg(format!("{}={}", o.iface_id, o.for_clone(index)));
-        }
-        let t = Instant::now();
-        let child = cmd.spawn()?;
-        tracing::debug!("clone {index}: spawned in {:?}", t.elapsed());
-        drop(ram_child);
-        drop(ready_child);
-        starting.infos.push(CloneInfo {
-            index,
-            pid: child.id(),
-            api_sock: sock.display().to_string(),
-            console: console.display().to_string(),
-        });
-        starting.children.push((child, ready_rx, console));
+    use crate::cmd::launcher::Arg;
+    let sock = dir.join(format!("clone-{index}.sock"));
+    let console = dir.join(format!("clone-{index}.console"));
+    let console_sock = dir.join(format!("clone-{index}.console.sock"));
+    let out = OwnedFd::from(std::fs::File::create(&console)?);
+    let err = out.try_clone()?;
+    let (ready_rx, ready_tx) = pipe()?;
+    let lit = |s: &dyn AsRef<std::ffi::OsStr>| Arg::Lit(s.as_ref().to_owned());
+    let mut args = vec![
+        lit(&exe),
+        lit(&"run"),
+        lit(&"--trace"),
+        lit(&"--restore"),
+        lit(&dir),
+        lit(&"--api-sock"),
+        lit(&sock),
+        lit(&"--id"),
+        lit(&format!("clone-{index}")),
+        lit(&"--clone-index"),
+        lit(&index.to_string()),
+        lit(&"--console-sock"),
+        lit(&console_sock),
+        lit(&"--ready-fd"),
+        Arg::Fd(0, ready_tx.as_fd()),
+    ];
+    // Clones inherit `--seccomp off` and `--seccomp log`.
+    if let Some(mode) = crate::cmd::seccomp::Seccomp::for_clones() {
+        args.extend([lit(&"--seccomp"), lit(&mode)]);
     }
+    if let Some(fd) = ram {
+        args.extend([lit(&"--ram-fd"), Arg::Fd(1, fd)]);
+    }
+    for o in nets {
+        args.extend([
+            lit(&"--net-override"),
+            lit(&format!("{}={}", o.iface_id, o.for_clone(index))),
+        ]);
+    }
+    let t = Instant::now();
+    let proc = if crate::cmd::launcher::running() {
+        Proc::Launched(crate::cmd::launcher::spawn(&args, &out, &err)?)
+    } else {
+        Proc::Child(spawn_direct(&args, out, err)?)
+    };
+    tracing::debug!("clone {index}: spawned in {:?}", t.elapsed());
+    drop(ready_tx);
+    starting.infos.push(CloneInfo {
+        index,
+        pid: proc.id(),
+        api_sock: sock.display().to_string(),
+        console: console.display().to_string(),
+    });
+    starting.children.push((proc, ready_rx, console));
     Ok(())
+}
+
+/// Starts `args` (the first is the program) as a child of this process.
+fn spawn_direct(
+    args: &[crate::cmd::launcher::Arg<'_>],
+    out: OwnedFd,
+    err: OwnedFd,
+) -> anyhow::Result<std::process::Child> {
+    use crate::cmd::launcher::Arg;
+    // Descriptors the child inherits (no CLOEXEC); closed here once it is spawned.
+    // Only this thread spawns processes, so no other child can inherit them.
+    let mut inherited = Vec::new();
+    let mut argv = Vec::new();
+    for a in args {
+        match a {
+            Arg::Lit(s) => argv.push(s.clone()),
+            Arg::Fd(_, fd) => {
+                let dup = inheritable(fd.as_raw_fd())?;
+                argv.push(dup.as_raw_fd().to_string().into());
+                inherited.push(dup);
+            }
+        }
+    }
+    let (program, rest) = argv
+        .split_first()
+        .ok_or_else(|| anyhow::anyhow!("no program to start"))?;
+    let child = Command::new(program)
+        .args(rest)
+        // Its own process group: a terminal's signals to this VMM spare the clones.
+        .process_group(0)
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()?;
+    drop(inherited);
+    Ok(child)
+}
+
+/// A clone process: a child of this process, or of the clone launcher (which reaps it).
+enum Proc {
+    Child(std::process::Child),
+    Launched(u32),
+}
+
+impl Proc {
+    fn id(&self) -> u32 {
+        match self {
+            Proc::Child(c) => c.id(),
+            Proc::Launched(pid) => *pid,
+        }
+    }
+
+    fn kill(&mut self) {
+        match self {
+            Proc::Child(c) => {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+            // SAFETY: kill only sends a signal; the launcher reaps the process.
+            Proc::Launched(pid) => unsafe {
+                libc::kill(*pid as libc::pid_t, libc::SIGKILL);
+            },
+        }
+    }
+
+    /// How it ended, if it did and this process can tell.
+    fn status(&mut self) -> String {
+        match self {
+            Proc::Child(c) => match c.try_wait() {
+                Ok(Some(s)) => s.to_string(),
+                _ => "still running".into(),
+            },
+            Proc::Launched(_) => "the launcher logs how it ended".into(),
+        }
+    }
 }
 
 impl Starting {
     /// Kills the clones and reaps them.
     pub fn kill(mut self) {
         for (child, _, _) in &mut self.children {
-            let _ = child.kill();
-            let _ = child.wait();
+            child.kill();
         }
     }
 
@@ -238,9 +311,7 @@ impl Starting {
         let deadline = self.spawned + Duration::from_secs(30);
         for (child, ready, console) in &mut self.children {
             if !wait_ready(ready, deadline)? {
-                let status = child
-                    .try_wait()?
-                    .map_or("still running".into(), |s| s.to_string());
+                let status = child.status();
                 anyhow::bail!(
                     "clone {} ({status}) did not start its vCPUs within 30 s; see {}",
                     child.id(),
@@ -260,24 +331,33 @@ impl Starting {
     /// The running clones; they are reaped in the background when they end, so none
     /// lingers as a zombie of this VMM.
     pub fn finish(self) -> Vec<CloneInfo> {
-        let children = self.children;
-        let _ = std::thread::Builder::new()
-            .name("clone-reaper".into())
-            .stack_size(64 << 10)
-            .spawn(move || {
-                densevm_seccomp::enter(densevm_seccomp::ThreadKind::CloneReaper);
-                for (mut child, _, console) in children {
-                    match child.wait() {
-                        Ok(s) if s.success() => {}
-                        Ok(s) => tracing::warn!(
-                            "clone {} ended: {s}; see {}",
-                            child.id(),
-                            console.display()
-                        ),
-                        Err(e) => tracing::warn!("clone {}: wait: {e}", child.id()),
+        let children: Vec<_> = self
+            .children
+            .into_iter()
+            .filter_map(|(p, _, console)| match p {
+                Proc::Child(c) => Some((c, console)),
+                Proc::Launched(_) => None,
+            })
+            .collect();
+        if !children.is_empty() {
+            let _ = std::thread::Builder::new()
+                .name("clone-reaper".into())
+                .stack_size(64 << 10)
+                .spawn(move || {
+                    densevm_seccomp::enter(densevm_seccomp::ThreadKind::CloneReaper);
+                    for (mut child, console) in children {
+                        match child.wait() {
+                            Ok(s) if s.success() => {}
+                            Ok(s) => tracing::warn!(
+                                "clone {} ended: {s}; see {}",
+                                child.id(),
+                                console.display()
+                            ),
+                            Err(e) => tracing::warn!("clone {}: wait: {e}", child.id()),
+                        }
                     }
-                }
-            });
+                });
+        }
         self.infos
     }
 

@@ -9,6 +9,7 @@ pub mod fleet;
 pub mod image;
 pub mod jail;
 pub mod kernel;
+pub mod launcher;
 pub mod ninep;
 pub mod pmem;
 pub mod run;

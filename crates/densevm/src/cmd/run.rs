@@ -278,11 +278,12 @@ pub fn main(mut args: RunArgs) -> anyhow::Result<i32> {
     if let Some(code) = crate::cmd::jail::enter(&mut args)? {
         return Ok(code);
     }
-    crate::cmd::seccomp::setup(
-        args.seccomp,
-        args.api_sock.is_some(),
-        args.seccomp_test_violation,
-    )?;
+    // A VM serving an API socket can be asked for clones: the launcher that will start
+    // them is forked now, before any filter, so that no VMM thread needs `execve`.
+    if args.api_sock.is_some() {
+        crate::cmd::launcher::start()?;
+    }
+    crate::cmd::seccomp::setup(args.seccomp, args.seccomp_test_violation)?;
     if args.kernel.is_none() && (args.initrd.is_some() || args.cmdline.is_some()) {
         bail!("--initrd and --cmdline only apply to a Linux guest: add --kernel FILE");
     }

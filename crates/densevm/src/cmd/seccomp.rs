@@ -38,13 +38,7 @@ pub fn parse_kind(text: &str) -> Result<ThreadKind, String> {
 }
 
 /// Turns filtering on (or records that it is off) before `densevm run` starts any thread.
-/// `clones`: this VM may start clone processes (it serves an API socket), so the control
-/// thread's list allows `execve`.
-pub fn setup(
-    mode: Seccomp,
-    clones: bool,
-    test_violation: Option<ThreadKind>,
-) -> anyhow::Result<()> {
+pub fn setup(mode: Seccomp, test_violation: Option<ThreadKind>) -> anyhow::Result<()> {
     match mode {
         Seccomp::On | Seccomp::Log => {
             let log_only = mode == Seccomp::Log;
@@ -57,14 +51,8 @@ pub fn setup(
                     "densevm: WARNING: audit on). Use it for debugging only (docs/security.md)."
                 );
             }
-            densevm_seccomp::enable(
-                Policy {
-                    exec_clones: clones,
-                    log_only,
-                },
-                test_violation,
-            )
-            .map_err(|e| anyhow::anyhow!("cannot set up the seccomp filters: {e}"))
+            densevm_seccomp::enable(Policy { log_only }, test_violation)
+                .map_err(|e| anyhow::anyhow!("cannot set up the seccomp filters: {e}"))
         }
         Seccomp::Off => {
             densevm_seccomp::disable();
