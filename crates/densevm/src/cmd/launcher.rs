@@ -176,15 +176,20 @@ fn serve(sock: OwnedFd) -> ! {
         if pfds[0].revents == 0 {
             continue;
         }
-        let (n, fds) = match recv(sock, &mut buf) {
-            Ok((0, _)) | Err(_) => {
+        let answer = match recv(sock, &mut buf) {
+            Ok((0, _)) => {
                 // The VMM is gone: so is the launcher (clones go on, reparented).
                 // SAFETY: as above.
                 unsafe { libc::_exit(0) }
             }
-            Ok(got) => got,
+            Ok((n, fds)) => launch(&buf[..n], fds),
+            Err(e) if e.kind() == io::ErrorKind::Other => Err(format!("clone launcher: {e}")),
+            Err(_) => {
+                // SAFETY: as above.
+                unsafe { libc::_exit(0) }
+            }
         };
-        let answer = match launch(&buf[..n], fds) {
+        let answer = match answer {
             Ok(pid) => format!("ok {pid}"),
             Err(e) => format!("error {e}"),
         };
@@ -369,7 +374,105 @@ fn recv(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
         }
     }
     if msg.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0 {
-        return Err(io::Error::other("truncated message"));
+        // (`fds` close here.)
+        return Err(io::Error::other(
+            "request truncated (too long or too many descriptors)",
+        ));
     }
     Ok((n, fds))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    fn pipe() -> (OwnedFd, OwnedFd) {
+        let mut fds = [0; 2];
+        // SAFETY: pipe2 writes two new descriptors, owned from here on.
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        // SAFETY: fresh descriptors.
+        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
+    }
+
+    fn null() -> OwnedFd {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/null")
+            .unwrap()
+            .into()
+    }
+
+    /// A request carried over a real socket pair (message and SCM_RIGHTS), then started:
+    /// the child writes into the descriptor its argv names and ends.
+    #[test]
+    fn a_request_starts_the_program_with_the_descriptors_it_names() {
+        let mut fds = [0; 2];
+        // SAFETY: socketpair writes two new descriptors, owned from here on.
+        assert_eq!(
+            unsafe {
+                libc::socketpair(
+                    libc::AF_UNIX,
+                    libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+                    0,
+                    fds.as_mut_ptr(),
+                )
+            },
+            0
+        );
+        // SAFETY: fresh descriptors.
+        let (a, b) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        let (rx, tx) = pipe();
+        let (out, err) = (null(), null());
+        let mut req = Vec::new();
+        for e in [
+            "a/bin/sh",
+            "a-c",
+            "aecho hello-$1 > /proc/self/fd/$0",
+            "f2",
+            "alauncher",
+        ] {
+            req.extend_from_slice(e.as_bytes());
+            req.push(0);
+        }
+        send(
+            a.as_raw_fd(),
+            &req,
+            &[out.as_raw_fd(), err.as_raw_fd(), tx.as_raw_fd()],
+        )
+        .unwrap();
+        drop(tx);
+        let mut buf = vec![0u8; MAX_REQUEST];
+        let (n, got) = recv(b.as_raw_fd(), &mut buf).unwrap();
+        assert_eq!((n, got.len()), (req.len(), 3));
+        let pid = launch(&buf[..n], got).unwrap();
+        assert!(pid > 0);
+        let mut text = String::new();
+        // EOF once the child ends: the launcher closed its copy of the pipe.
+        std::fs::File::from(rx).read_to_string(&mut text).unwrap();
+        assert_eq!(text, "hello-launcher\n");
+        let mut status = 0;
+        // SAFETY: reaps the child started above.
+        assert_eq!(
+            unsafe { libc::waitpid(pid as i32, &mut status, 0) },
+            pid as i32
+        );
+    }
+
+    #[test]
+    fn bad_requests_are_refused_with_a_reason() {
+        let two = || vec![null(), null()];
+        let e = launch(b"", two()).unwrap_err();
+        assert!(e.contains("empty request"), "{e}");
+        let e = launch(b"x/bin/true\0", two()).unwrap_err();
+        assert!(e.contains("bad request"), "{e}");
+        let e = launch(b"a/bin/true\0f2\0", two()).unwrap_err();
+        assert!(e.contains("bad descriptor reference"), "{e}");
+        let e = launch(b"a/bin/true\0f1\0", two()).unwrap_err();
+        assert!(e.contains("bad descriptor reference"), "{e}");
+        let e = launch(b"a/bin/true\0", vec![null()]).unwrap_err();
+        assert!(e.contains("stdout and stderr"), "{e}");
+        let e = launch(b"a/nonexistent/densevm\0", two()).unwrap_err();
+        assert!(e.contains("cannot start /nonexistent/densevm"), "{e}");
+    }
 }
