@@ -181,6 +181,7 @@ pub fn enable(policy: Policy, test_violation: Option<ThreadKind>) -> Result<(), 
     }
     sigsys::install().map_err(|e| Error(format!("installing the SIGSYS handler: {e}")))?;
     fix_malloc_arena_limit();
+    prime_heap_shrink_check();
     VIOLATION.store(test_violation.map_or(0, |k| k as u8 + 1), Ordering::Release);
     MODE.store(if log_only { 3 } else { 1 }, Ordering::Release);
     Ok(())
@@ -197,6 +198,30 @@ fn fix_malloc_arena_limit() {
     let limit = libc::c_int::try_from(cpus.saturating_mul(8)).unwrap_or(libc::c_int::MAX);
     // SAFETY: mallopt only changes a malloc tunable; M_ARENA_MAX takes any positive count.
     unsafe { libc::mallopt(libc::M_ARENA_MAX, limit) };
+}
+
+/// glibc decides lazily, the first time it shrinks the heap of a thread arena, whether it
+/// may unmap the freed tail: it reads `/proc/sys/vm/overcommit_memory` (`openat`) then
+/// and caches the answer for the process. In the nested lab that first shrink came when
+/// the API thread dropped a memory tier's compressed store at the VM's end, and the API
+/// thread has no `openat` (SIGSYS, exit 159). Shrinking a thread arena's heap once now,
+/// while nothing is filtered, makes glibc read the file here: a new thread gets an arena
+/// of its own (glibc gives each new thread one until the arena limit), fills 2 MiB of it
+/// in 1 KiB chunks and frees them, and the free that merges them into the heap's top
+/// trims it.
+fn prime_heap_shrink_check() {
+    let _ = std::thread::Builder::new()
+        .name("seccomp-prime".into())
+        .spawn(|| {
+            let chunks: Vec<Box<[u8]>> = (0..2048)
+                .map(|i| vec![i as u8; 1024].into_boxed_slice())
+                .collect();
+            std::hint::black_box(&chunks);
+            for c in chunks.into_iter().rev() {
+                drop(std::hint::black_box(c));
+            }
+        })
+        .map(|t| t.join());
 }
 
 /// Records `--seccomp off`: [`mode`] answers [`Mode::Off`] and [`enter`] stays a no-op.

@@ -162,3 +162,47 @@ fn enter_is_a_no_op_until_enabled() {
     // SAFETY: `fd` is ours.
     unsafe { libc::close(fd) };
 }
+
+/// The child half of [`a_filtered_thread_can_free_a_large_heap`]: a thread of a kind
+/// without `openat` fills and frees 8 MiB of small chunks (its own arena's heap shrinks).
+fn shrink_child() -> ! {
+    enable(Policy::default(), None).unwrap();
+    let t = std::thread::spawn(|| {
+        enter(ThreadKind::Console);
+        for round in 0..4 {
+            let chunks: Vec<Box<[u8]>> = (0..8192)
+                .map(|i| vec![(i + round) as u8; 1000].into_boxed_slice())
+                .collect();
+            std::hint::black_box(&chunks);
+            for c in chunks.into_iter().rev() {
+                drop(std::hint::black_box(c));
+            }
+        }
+        eprintln!("child: freed its heap");
+    });
+    let _ = t.join();
+    std::process::exit(0);
+}
+
+/// glibc's first shrink of a thread arena's heap reads /proc/sys/vm/overcommit_memory:
+/// `enable` makes that happen before any filter, so a filtered thread without `openat`
+/// can free memory.
+#[test]
+fn a_filtered_thread_can_free_a_large_heap() {
+    if std::env::var_os("DENSEVM_SECCOMP_TEST_SHRINK").is_some() {
+        shrink_child();
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "tests::a_filtered_thread_can_free_a_large_heap",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("DENSEVM_SECCOMP_TEST_SHRINK", "1")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("child: freed its heap"), "{stderr}");
+}
