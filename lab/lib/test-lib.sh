@@ -16,7 +16,8 @@ vmm_threads() {
   for _t in /proc/"$1"/task/*; do
     [ -d "$_t" ] || continue
     echo "  $(cat "$_t/comm" 2>/dev/null) tid ${_t##*/}: state $(awk '{ print $3 }' "$_t/stat" 2>/dev/null)," \
-      "wchan $(cat "$_t/wchan" 2>/dev/null), syscall $(cat "$_t/syscall" 2>/dev/null)"
+      "wchan $(cat "$_t/wchan" 2>/dev/null), syscall $(cat "$_t/syscall" 2>/dev/null)," \
+      "kernel stack: $(head -n 4 "$_t/stack" 2>/dev/null | awk '{ printf "%s ", $2 }')"
   done
 }
 
@@ -291,9 +292,19 @@ l2_rejected() {
 # fails unless the VMM exited 0 and the guest script reported DENSEVM-GUEST-EXIT=0.
 l2_wait() {
   _end=$((L2_START + ${3:-600}))
+  _size=-1 _quiet=0
   while kill -0 "$L2_PID" 2>/dev/null && [ "$(cut -d. -f1 /proc/uptime)" -lt "$_end" ]; do
     l2_follow "$1"
     sleep 2
+    # No console output for 120 s: show where the VMM's threads wait (once), which
+    # tells a hung VMM from a slow guest when the run later times out.
+    _now=$(wc -c < "$1" 2>/dev/null || echo 0)
+    if [ "$_now" = "$_size" ]; then
+      _quiet=$((_quiet + 2))
+      [ "$_quiet" = 120 ] && { echo "--- $2: no console output for 120 s"; vmm_threads "$L2_PID"; }
+    else
+      _size=$_now _quiet=0
+    fi
   done
   l2_follow "$1"
   if kill -0 "$L2_PID" 2>/dev/null; then
