@@ -6,9 +6,7 @@ use densevm_virtio::block::{open_pcow, BackendHandle};
 use densevm_vmm::TemplateHook;
 use std::io::Write;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -190,14 +188,14 @@ fn spawn_one(
         lit(&"--console-sock"),
         lit(&console_sock),
         lit(&"--ready-fd"),
-        Arg::Fd(0, ready_tx.as_fd()),
+        Arg::Fd(ready_tx.as_fd()),
     ];
     // Clones inherit `--seccomp off` and `--seccomp log`.
     if let Some(mode) = crate::cmd::seccomp::Seccomp::for_clones() {
         args.extend([lit(&"--seccomp"), lit(&mode)]);
     }
     if let Some(fd) = ram {
-        args.extend([lit(&"--ram-fd"), Arg::Fd(1, fd)]);
+        args.extend([lit(&"--ram-fd"), Arg::Fd(fd)]);
     }
     for o in nets {
         args.extend([
@@ -230,33 +228,18 @@ fn spawn_direct(
     err: OwnedFd,
 ) -> anyhow::Result<std::process::Child> {
     use crate::cmd::launcher::Arg;
-    // Descriptors the child inherits (no CLOEXEC); closed here once it is spawned.
-    // Only this thread spawns processes, so no other child can inherit them.
-    let mut inherited = Vec::new();
-    let mut argv = Vec::new();
-    for a in args {
-        match a {
-            Arg::Lit(s) => argv.push(s.clone()),
-            Arg::Fd(_, fd) => {
-                let dup = inheritable(fd.as_raw_fd())?;
-                argv.push(dup.as_raw_fd().to_string().into());
-                inherited.push(dup);
+    let mut keep = Vec::new();
+    let argv: Vec<std::ffi::OsString> = args
+        .iter()
+        .map(|a| match a {
+            Arg::Lit(s) => s.clone(),
+            Arg::Fd(fd) => {
+                keep.push(fd.as_raw_fd());
+                fd.as_raw_fd().to_string().into()
             }
-        }
-    }
-    let (program, rest) = argv
-        .split_first()
-        .ok_or_else(|| anyhow::anyhow!("no program to start"))?;
-    let child = Command::new(program)
-        .args(rest)
-        // Its own process group: a terminal's signals to this VMM spare the clones.
-        .process_group(0)
-        .stdin(Stdio::null())
-        .stdout(out)
-        .stderr(err)
-        .spawn()?;
-    drop(inherited);
-    Ok(child)
+        })
+        .collect();
+    crate::cmd::launcher::start_process(&argv, out, err, keep).map_err(anyhow::Error::msg)
 }
 
 /// A clone process: a child of this process, or of the clone launcher (which reaps it).
@@ -381,17 +364,6 @@ fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
     }
     // SAFETY: both are fresh descriptors nobody else owns.
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
-}
-
-/// A duplicate of `fd` without close-on-exec (a child process inherits it).
-fn inheritable(fd: std::os::fd::RawFd) -> std::io::Result<OwnedFd> {
-    // SAFETY: F_DUPFD returns a new descriptor (no CLOEXEC) or -1; it is owned from here.
-    let n = unsafe { libc::fcntl(fd, libc::F_DUPFD, 3) };
-    if n < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: n is a fresh descriptor nobody else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(n) })
 }
 
 /// Waits until the clone writes its ready byte (true) or closes the pipe by exiting, or

@@ -33,8 +33,8 @@ const MAX_REQUEST: usize = 64 << 10;
 pub enum Arg<'a> {
     /// A literal argument.
     Lit(OsString),
-    /// The number the i-th descriptor of the request has in the child.
-    Fd(usize, std::os::fd::BorrowedFd<'a>),
+    /// A descriptor the child inherits; the argument is its number there.
+    Fd(std::os::fd::BorrowedFd<'a>),
 }
 
 /// The VMM's end of the launcher's socket, set once by [`start`].
@@ -100,20 +100,17 @@ pub fn spawn(args: &[Arg<'_>], stdout: &OwnedFd, stderr: &OwnedFd) -> anyhow::Re
                 msg.push(b'a');
                 msg.extend_from_slice(s.as_bytes());
             }
-            Arg::Fd(i, fd) => {
+            Arg::Fd(fd) => {
                 msg.push(b'f');
-                msg.extend_from_slice((i + 2).to_string().as_bytes());
-                if fds.len() <= i + 2 {
-                    fds.resize(i + 3, -1);
-                }
-                fds[i + 2] = fd.as_raw_fd();
+                msg.extend_from_slice(fds.len().to_string().as_bytes());
+                fds.push(fd.as_raw_fd());
             }
         }
         msg.push(0);
     }
     anyhow::ensure!(
-        fds.len() <= MAX_FDS && !fds.contains(&-1) && msg.len() <= MAX_REQUEST,
-        "clone launcher request too large or with missing descriptors"
+        fds.len() <= MAX_FDS && msg.len() <= MAX_REQUEST,
+        "clone launcher request too large"
     );
     send(sock.as_raw_fd(), &msg, &fds)
         .map_err(|e| anyhow::anyhow!("cannot reach the clone launcher: {e}"))?;
@@ -220,12 +217,28 @@ fn launch(req: &[u8], fds: Vec<OwnedFd>) -> Result<u32, String> {
             _ => return Err("clone launcher: bad request".into()),
         }
     }
-    let (program, args) = argv.split_first().ok_or("clone launcher: empty request")?;
     let mut fds = fds.into_iter();
     let (out, err) = (fds.next().unwrap(), fds.next().unwrap());
+    let child = start_process(&argv, out, err, keep)?;
+    // The child is reaped through SIGCHLD (`reap`), not through this handle. The
+    // launcher's copies of the descriptors (the ready pipe, the RAM file, ...) close on
+    // return: the child holds its own, so the ready pipe reports the child's end.
+    drop(fds);
+    Ok(child.id())
+}
+
+/// Starts `argv` (the first is the program) in its own process group (a terminal's
+/// signals to the VMM spare the clones), stdin `/dev/null`, with `out` and `err`, and
+/// `keep` (close-on-exec descriptors of this process) inherited at their numbers.
+pub fn start_process(
+    argv: &[OsString],
+    out: OwnedFd,
+    err: OwnedFd,
+    keep: Vec<RawFd>,
+) -> Result<std::process::Child, String> {
+    let (program, args) = argv.split_first().ok_or("clone launcher: empty request")?;
     let mut cmd = Command::new(program);
     cmd.args(args)
-        // Its own process group: a terminal's signals to the VMM spare the clones.
         .process_group(0)
         .stdin(Stdio::null())
         .stdout(Stdio::from(out))
@@ -242,14 +255,8 @@ fn launch(req: &[u8], fds: Vec<OwnedFd>) -> Result<u32, String> {
             Ok(())
         });
     }
-    let child = cmd
-        .spawn()
-        .map_err(|e| format!("cannot start {}: {e}", program.to_string_lossy()))?;
-    // The child is reaped through SIGCHLD (`reap`), not through this handle. The
-    // launcher's copies of the descriptors (the ready pipe, the RAM file, ...) close on
-    // return: the child holds its own, so the ready pipe reports the child's end.
-    drop(fds);
-    Ok(child.id())
+    cmd.spawn()
+        .map_err(|e| format!("cannot start {}: {e}", program.to_string_lossy()))
 }
 
 /// Blocks SIGCHLD and returns a signalfd that reports it.
