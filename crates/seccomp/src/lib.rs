@@ -206,14 +206,14 @@ fn fix_malloc_arena_limit() {
 /// the API thread dropped a memory tier's compressed store at the VM's end, and the API
 /// thread has no `openat` (SIGSYS, exit 159). Shrinking a thread arena's heap once now,
 /// while nothing is filtered, makes glibc read the file here: a new thread gets an arena
-/// of its own (glibc gives each new thread one until the arena limit), fills 2 MiB of it
+/// of its own (glibc gives each new thread one until the arena limit), fills 512 KiB of it
 /// in 1 KiB chunks and frees them, and the free that merges them into the heap's top
 /// trims it.
 fn prime_heap_shrink_check() {
     let _ = std::thread::Builder::new()
         .name("seccomp-prime".into())
         .spawn(|| {
-            let chunks: Vec<Box<[u8]>> = (0..2048)
+            let chunks: Vec<Box<[u8]>> = (0..512)
                 .map(|i| vec![i as u8; 1024].into_boxed_slice())
                 .collect();
             std::hint::black_box(&chunks);
