@@ -300,7 +300,9 @@ fn kind_rules(kind: ThreadKind, r: &mut Rules) -> Result<(), seccompiler::Backen
         }
         Api => {
             unix_sockets(r, false)?;
-            // The clone reaper's thread, `kill` for clones that failed to start.
+            // `kill` for clones that failed to start. Threads: the clone reaper (and its
+            // `wait4`) of clones started directly; a filtered VMM's clones are the clone
+            // launcher's children, which reaps them.
             spawn_threads(r)?;
             r.allow(&[SYS_wait4, SYS_kill, SYS_unlink, SYS_unlinkat]);
             // Balloon and tier requests act on guest memory.
