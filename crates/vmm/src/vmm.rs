@@ -20,10 +20,10 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+use thiserror::Error;
 
 /// How long after start a VM drops the code mappings only its start-up used.
 const TEXT_TRIM_AFTER: Duration = Duration::from_millis(500);
-use thiserror::Error;
 
 /// How a VM run ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
