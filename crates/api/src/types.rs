@@ -299,6 +299,9 @@ pub struct MemoryTierInfo {
     pub compressed_kib: u64,
     /// Pages in the swap file.
     pub swap_pages: u64,
+    /// Pages a restored VM has not touched yet: still only in its snapshot's memory file.
+    #[serde(default)]
+    pub base_pages: u64,
     /// Zero pages that left RAM (kept as nothing).
     pub evicted_zero: u64,
     /// Pages that left RAM compressed.

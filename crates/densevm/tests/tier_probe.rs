@@ -1,7 +1,7 @@
 //! `--memory-budget` on /dev/kvm with the probe guest (issue #13): the guest's writes
 //! survive eviction to the compressed store and the swap file, RSS stays within the budget
-//! plus the tier's slack, and snapshots, restores, clones and budget changes of a tiered VM
-//! see all of its data.
+//! plus the tier's slack, and snapshots, restores (with and without a budget), clones and
+//! budget changes of a tiered VM see all of its data.
 
 mod common;
 
@@ -170,12 +170,60 @@ fn snapshots_restores_clones_and_budget_changes_of_a_tiered_vm() {
     assert!(!bad.status.success());
     assert!(stderr(&bad).contains("no memory tier"), "{}", stderr(&bad));
 
-    // The restore (slow on a loaded PVM host: it reads 24 MiB from the snapshot's file).
+    // A restore under a budget (RAM filled from the snapshot on first access, 8M of it at
+    // most in DRAM), alongside a plain one (RAM private over the snapshot's file); slow on
+    // a loaded PVM host: each reads 24 MiB from the snapshot.
+    let budgeted = densevm()
+        .args([
+            "run",
+            "--timeout",
+            "600",
+            "--memory-budget",
+            "8M",
+            "--json",
+            "--restore",
+        ])
+        .arg(&snap)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = budgeted.id();
+    let sampler = std::thread::spawn(move || {
+        let mut peak = 0;
+        while let Some(kib) = rss_kib(pid) {
+            peak = peak.max(kib);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        peak
+    });
     let restored = densevm()
         .args(["run", "--timeout", "600", "--restore"])
         .arg(&snap)
         .output()
         .unwrap();
+    let out = budgeted.wait_with_output().unwrap();
+    let peak = sampler.join().unwrap();
+    let (text, json) = (stderr(&out), stdout(&out));
+    assert_eq!(out.status.code(), Some(4), "{text}{json}");
+    assert!(
+        text.contains(&want),
+        "budgeted restore: expected `{want}`:\n{text}"
+    );
+    let doc: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let tier = &doc["memory_tier"];
+    let n = |k: &str| tier[k].as_u64().unwrap_or_else(|| panic!("no {k}: {json}"));
+    assert!(
+        n("missing_faults") > 0 && n("evicted_compressed") + n("evicted_swap") > 0,
+        "{tier}"
+    );
+    assert!(n("resident_kib") <= 9 << 10, "{tier}");
+    let own = doc["vmm_overhead"]["rss_kib"].as_u64().unwrap();
+    let limit = (9 << 10) + own + 512;
+    assert!(
+        peak <= limit,
+        "budgeted restore: peak RSS {peak} KiB over budget + slack + the VMM's own {own} KiB = {limit} KiB: {tier}"
+    );
     let text = stdout(&restored);
     assert_eq!(
         restored.status.code(),

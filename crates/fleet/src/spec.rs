@@ -33,6 +33,9 @@ pub fn run_args(spec: &VmCreate, id: &str, dir: &Path) -> Vec<String> {
         a.push(k.to_owned());
         a.push(v.to_owned());
     };
+    if let Some(b) = spec.memory_budget_mib {
+        push("--memory-budget", &format!("{b}M"));
+    }
     if let Some(r) = &spec.restore {
         push("--restore", r);
     } else {
@@ -55,9 +58,6 @@ pub fn run_args(spec: &VmCreate, id: &str, dir: &Path) -> Vec<String> {
         }
         for s in &spec.shares {
             push("--share", s);
-        }
-        if let Some(b) = spec.memory_budget_mib {
-            push("--memory-budget", &format!("{b}M"));
         }
         for n in &spec.nets {
             push("--net", n);
@@ -147,13 +147,7 @@ pub(crate) fn check_create(spec: &VmCreate) -> Result<(u64, u64), ApiErrorRespon
         return Err(bad("strings may not contain NUL bytes"));
     }
     if let Some(b) = spec.memory_budget_mib {
-        if spec.restore.is_some() {
-            return Err(bad(
-                "memory_budget_mib cannot go with restore: a restored VM maps its RAM private \
-                 over the snapshot's memory file, which the tier does not serve \
-                 (docs/tiering.md); boot the VM (kernel or probe) to give it a budget",
-            ));
-        }
+        // (a restored VM with a budget gets RAM of its own, filled from the snapshot)
         check_budget(spec.memory_mib, b)?;
     }
     let max = spec.max_mib.unwrap_or(spec.memory_mib);
@@ -259,10 +253,10 @@ mod tests {
         assert!(e.message.contains("vsock_cid"), "{}", e.message);
     }
 
-    /// A budget becomes `--memory-budget NM` for Linux and probe VMs; with a restore it is
-    /// refused before anything starts.
+    /// A budget becomes `--memory-budget NM` for Linux, probe and restored VMs; a budget
+    /// out of range is refused before anything starts.
     #[test]
-    fn a_budget_is_passed_to_densevm_run_and_refused_with_a_restore() {
+    fn a_budget_is_passed_to_densevm_run_and_checked() {
         let dir = Path::new("/state/vms/a");
         for spec in [
             VmCreate {
@@ -292,14 +286,17 @@ mod tests {
             memory_budget_mib: Some(64),
             ..Default::default()
         };
-        let e = check_create(&restore).unwrap_err();
-        assert_eq!(e.status, 400);
-        assert!(e.message.contains("restore"), "{}", e.message);
+        check_create(&restore).unwrap();
+        let args = run_args(&restore, "a", dir);
+        let at = args.iter().position(|a| a == "--memory-budget").unwrap();
+        assert_eq!(args[at + 1], "64M");
+        assert!(args.iter().any(|a| a == "--restore"), "{args:?}");
         for b in [0, 3, 257] {
             let spec = VmCreate {
                 memory_budget_mib: Some(b),
                 ..restore.clone()
             };
+            assert_eq!(check_create(&spec).unwrap_err().status, 400, "budget {b}");
             let spec = VmCreate {
                 restore: None,
                 kernel: Some("/k".into()),

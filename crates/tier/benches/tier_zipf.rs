@@ -416,6 +416,7 @@ fn child(o: &Opts, mode: &str) {
                 budget,
                 compressed_max: o.compressed_frac.map(|f| (budget as f64 * f) as u64),
                 swap_dir: o.swap_dir.clone().into(),
+                base: None,
             },
         )
         .unwrap_or_else(|e| die(&format!("cannot start the tier: {e}")))

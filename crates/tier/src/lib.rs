@@ -22,6 +22,11 @@
 //! The tier is a cache of guest RAM, never of data that must outlive the process: the
 //! swap file is unlinked from birth and the compressed store is heap memory.
 //!
+//! A tier can start over a *base* file (a restored VM's snapshot memory): the RAM file
+//! starts empty and each page that holds data in the base is read from it on its first
+//! access, like a page coming back from the swap file. A restored VM then takes only the
+//! DRAM its guest touches, under the same budget, and nothing writes the base.
+//!
 //! This crate knows no KVM and no VMM types: it sees a file, host addresses and a budget.
 
 mod service;
@@ -67,6 +72,10 @@ pub struct TierConfig {
     pub compressed_max: Option<u64>,
     /// Directory of the swap file (created unlinked, on first use).
     pub swap_dir: PathBuf,
+    /// A read-only file the areas start with (at the same offsets): the RAM file must be
+    /// empty (all holes) inside the areas, and every page with data in the base is read
+    /// from it on first access. `None`: the RAM file holds the areas' data.
+    pub base: Option<Arc<File>>,
 }
 
 /// What went wrong starting a tier.
@@ -110,6 +119,8 @@ pub struct TierStats {
     pub compressed_bytes: u64,
     /// Pages in the swap file.
     pub swap_pages: u64,
+    /// Pages still only in the base file (never accessed since the tier started over it).
+    pub base_pages: u64,
     /// Pages that left the file: zero (kept as nothing), compressed, to the swap file.
     pub evicted_zero: u64,
     /// Pages compressed on eviction.
@@ -157,6 +168,7 @@ pub(crate) struct Shared {
     budget: AtomicU64,
     compressed_max: Option<u64>,
     swap_dir: PathBuf,
+    base: Option<Arc<File>>,
     stop: AtomicBool,
     wake: OwnedFd,
     state: Mutex<State>,
@@ -168,6 +180,8 @@ pub(crate) struct State {
     table: Table,
     compressed: Compressed,
     swap: Option<Swap>,
+    /// Pages at [`Location::Base`].
+    base_pages: u64,
     /// The clock hand (a page of the file).
     hand: usize,
     /// The last missing fault's page and the prefetch window it earned.
@@ -215,8 +229,8 @@ impl Shared {
         unsafe { libc::write(self.wake.as_raw_fd(), one.as_ptr().cast(), 8) };
     }
 
-    /// Reads page `pg`'s tiered data into `buf`.
-    fn load(&self, st: &State, at: Location, buf: &mut [u8]) -> io::Result<()> {
+    /// Reads page `pg`'s tiered data (at `at`) into `buf`.
+    fn load(&self, st: &State, pg: usize, at: Location, buf: &mut [u8]) -> io::Result<()> {
         match at {
             Location::File => Err(io::Error::other("page is in the file")),
             Location::Compressed(s) => st.compressed.read(s, buf),
@@ -225,6 +239,13 @@ impl Shared {
                 .as_ref()
                 .ok_or_else(|| io::Error::other("no swap file"))?
                 .read(s, buf),
+            Location::Base => read_base(
+                self.base
+                    .as_ref()
+                    .ok_or_else(|| io::Error::other("no base file"))?,
+                buf,
+                pg as u64 * PAGE,
+            ),
         }
     }
 
@@ -238,6 +259,7 @@ impl Shared {
                     sw.remove(s)
                 }
             }
+            Location::Base => st.base_pages -= 1,
         }
         st.table.set(pg, Location::File);
     }
@@ -261,6 +283,11 @@ impl Tier {
                 return Err(TierError::BadArea(*a));
             }
         }
+        let mut table = Table::new(size.div_ceil(PAGE) as usize);
+        let base_pages = match &config.base {
+            Some(base) => mark_base(&mut table, &file, base, &areas)?,
+            None => 0,
+        };
         let uffd = Uffd::new(densevm_uffd::FEATURE_MINOR_SHMEM | densevm_uffd::FEATURE_THREAD_ID)
             .map_err(TierError::Uffd)?;
         if uffd.features() & densevm_uffd::FEATURE_MISSING_SHMEM == 0 {
@@ -294,12 +321,14 @@ impl Tier {
             budget: AtomicU64::new(config.budget),
             compressed_max: config.compressed_max,
             swap_dir: config.swap_dir,
+            base: config.base,
             stop: AtomicBool::new(false),
             wake,
             state: Mutex::new(State {
-                table: Table::new(size.div_ceil(PAGE) as usize),
+                table,
                 compressed: Compressed::default(),
                 swap: None,
+                base_pages,
                 hand: 0,
                 last_missing: usize::MAX,
                 window: 1,
@@ -341,6 +370,7 @@ impl Tier {
             compressed_pages: st.compressed.len() as u64,
             compressed_bytes: st.compressed.bytes(),
             swap_pages: st.swap.as_ref().map_or(0, |s| s.len()),
+            base_pages: st.base_pages,
             evicted_zero: get(&c.evicted_zero),
             evicted_compressed: get(&c.evicted_compressed),
             evicted_swap: get(&c.evicted_swap),
@@ -436,7 +466,7 @@ impl Frozen<'_> {
         for pg in (from / PAGE) as usize..last {
             let at = self.state.table.get(pg);
             if at != Location::File {
-                self.shared.load(&self.state, at, &mut buf)?;
+                self.shared.load(&self.state, pg, at, &mut buf)?;
                 out.write_all_at(&buf, pg as u64 * PAGE)?;
                 written += PAGE;
             }
@@ -452,7 +482,7 @@ impl Frozen<'_> {
         for pg in 0..self.state.table.pages() {
             let at = self.state.table.get(pg);
             if at != Location::File {
-                self.shared.load(&self.state, at, &mut buf)?;
+                self.shared.load(&self.state, pg, at, &mut buf)?;
                 self.shared.file.write_all_at(&buf, pg as u64 * PAGE)?;
                 self.shared.forget(&mut self.state, pg);
                 moved += PAGE;
@@ -460,6 +490,78 @@ impl Frozen<'_> {
         }
         Ok(moved)
     }
+}
+
+/// Marks the pages of `areas` that hold data in `base` as [`Location::Base`]; the RAM
+/// `file` must have no data there. Returns how many.
+fn mark_base(table: &mut Table, file: &File, base: &File, areas: &[Area]) -> io::Result<u64> {
+    let base_len = base.metadata()?.len();
+    let mut marked = 0;
+    for a in areas {
+        if !data_ranges(file, a.offset, a.offset + a.len)?.is_empty() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "the RAM file already holds data in {:#x}+{:#x}: a tier over a base file starts from an empty one",
+                    a.offset, a.len
+                ),
+            ));
+        }
+        let end = (a.offset + a.len).min(base_len);
+        for (from, to) in data_ranges(base, a.offset, end)? {
+            for pg in (from / PAGE) as usize..to.div_ceil(PAGE).min(end.div_ceil(PAGE)) as usize {
+                table.set(pg, Location::Base);
+                marked += 1;
+            }
+        }
+    }
+    Ok(marked)
+}
+
+/// Reads one page of the base file at `offset`; past its end it reads zeros.
+fn read_base(base: &File, buf: &mut [u8], offset: u64) -> io::Result<()> {
+    let mut done = 0;
+    while done < buf.len() {
+        match base.read_at(&mut buf[done..], offset + done as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    buf[done..].fill(0);
+    Ok(())
+}
+
+/// The data ranges `(start, end)` of `file` within `[from, to)` (SEEK_DATA / SEEK_HOLE).
+pub fn data_ranges(file: &File, from: u64, to: u64) -> io::Result<Vec<(u64, u64)>> {
+    let fd = file.as_raw_fd();
+    let mut ranges = Vec::new();
+    let mut pos = from;
+    while pos < to {
+        // SAFETY: lseek on a descriptor the File owns; it only moves the file offset.
+        let data = unsafe { libc::lseek(fd, pos as libc::off_t, libc::SEEK_DATA) };
+        if data < 0 {
+            let err = io::Error::last_os_error();
+            if err.raw_os_error() == Some(libc::ENXIO) {
+                break;
+            }
+            return Err(err);
+        }
+        let data = data as u64;
+        if data >= to {
+            break;
+        }
+        // SAFETY: as above.
+        let hole = unsafe { libc::lseek(fd, data as libc::off_t, libc::SEEK_HOLE) };
+        if hole < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let end = (hole as u64).min(to);
+        ranges.push((data, end));
+        pos = end;
+    }
+    Ok(ranges)
 }
 
 /// Punches `[offset, offset + len)` out of `file`.

@@ -213,7 +213,7 @@ impl Service {
         for i in 0..n {
             let p = pg + i;
             let at = st.table.get(p);
-            if let Err(e) = sh.load(st, at, &mut self.page) {
+            if let Err(e) = sh.load(st, p, at, &mut self.page) {
                 fatal(&format!("reading page {p} back ({at:?})"), e);
             }
             let dst = addr + i as u64 * PAGE;

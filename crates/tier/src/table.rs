@@ -1,5 +1,6 @@
 //! Where each page of the RAM file is: in the file (resident, or a hole that reads as
-//! zeros), in the compressed store or in the swap file; and which resident pages are
+//! zeros), in the compressed store, in the swap file or still only in the base file (a
+//! restored VM's snapshot, read on first access); and which resident pages are
 //! *armed* (their mappings zapped so the next access is a minor fault we see) or
 //! *referenced* (an access was seen since the clock hand last passed: it is spared one turn
 //! before being armed again, so a hot page costs a minor fault every other turn, not every
@@ -17,9 +18,13 @@ pub(crate) enum Location {
     Compressed(u32),
     /// In the swap file, at this slot.
     Swap(u32),
+    /// Never loaded: the base file holds it, at the same offset.
+    Base,
 }
 
 const SWAP_BIT: u32 = 1 << 31;
+/// The encoding of [`Location::Base`] (one swap slot short of the top).
+const BASE: u32 = u32::MAX;
 
 /// Per-page locations and arm bits of one RAM file.
 pub(crate) struct Table {
@@ -47,6 +52,7 @@ impl Table {
     pub fn get(&self, pg: usize) -> Location {
         match self.loc[pg] {
             0 => Location::File,
+            BASE => Location::Base,
             v if v & SWAP_BIT != 0 => Location::Swap(v & !SWAP_BIT),
             v => Location::Compressed(v - 1),
         }
@@ -61,9 +67,10 @@ impl Table {
                 s + 1
             }
             Location::Swap(s) => {
-                assert!(s < SWAP_BIT, "swap slot overflow");
+                assert!(s < SWAP_BIT - 1, "swap slot overflow");
                 s | SWAP_BIT
             }
+            Location::Base => BASE,
         };
     }
 
@@ -107,7 +114,8 @@ mod tests {
         for (pg, at) in [
             (0, Location::Compressed(0)),
             (1, Location::Swap(0)),
-            (129, Location::Swap(SWAP_BIT - 1)),
+            (129, Location::Swap(SWAP_BIT - 2)),
+            (3, Location::Base),
             (64, Location::Compressed(12345)),
         ] {
             t.set(pg, at);

@@ -20,6 +20,16 @@ pub struct Region {
 
 impl Region {
     pub fn new(size: u64, budget: u64) -> Region {
+        Region::try_with_base(size, budget, None)
+            .unwrap_or_else(|e| panic!("cannot start a tier (this test needs it): {e}"))
+    }
+
+    /// A region whose data starts in `base` (read on first access).
+    pub fn try_with_base(
+        size: u64,
+        budget: u64,
+        base: Option<Arc<File>>,
+    ) -> Result<Region, densevm_tier::TierError> {
         // SAFETY: memfd_create with a NUL-terminated name; the descriptor is owned below.
         let fd = unsafe { libc::memfd_create(c"tier-test".as_ptr(), libc::MFD_CLOEXEC) };
         assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
@@ -50,15 +60,23 @@ impl Region {
                 budget,
                 compressed_max: None,
                 swap_dir: std::env::temp_dir(),
+                base,
             },
-        )
-        .unwrap_or_else(|e| panic!("cannot start a tier (this test needs it): {e}"));
-        Region {
+        );
+        let tier = match tier {
+            Ok(t) => t,
+            Err(e) => {
+                // SAFETY: the mapping made above, not used by anyone.
+                unsafe { libc::munmap(p, size as usize) };
+                return Err(e);
+            }
+        };
+        Ok(Region {
             file,
             addr,
             size,
             tier: Some(tier),
-        }
+        })
     }
 
     pub fn tier(&self) -> &Tier {

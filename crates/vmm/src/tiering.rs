@@ -14,7 +14,9 @@ use crate::snapshot::ram::RamFile;
 use crate::vmm::VmmError;
 pub use densevm_tier::TierStats;
 use densevm_tier::{Area, Tier, TierConfig};
+use std::fs::File;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 /// Smallest budget accepted: below this a guest spends its time in faults.
 pub const MIN_BUDGET: u64 = 4 << 20;
@@ -44,10 +46,13 @@ pub fn check_budget(budget: u64) -> Result<(), String> {
 }
 
 /// Starts tiering the RAM regions of `memory`, which live in `ram`'s file mapped shared.
+/// With a `base` (a restored VM's snapshot memory), the RAM file starts empty and each
+/// page is read from the base on its first access.
 pub fn start(
     memory: &GuestMemory,
     ram: &mut RamFile,
     settings: &TierSettings,
+    base: Option<Arc<File>>,
 ) -> Result<(), VmmError> {
     check_budget(settings.budget).map_err(VmmError::Config)?;
     let file = match (&ram.file, ram.shared) {
@@ -75,6 +80,7 @@ pub fn start(
             budget: settings.budget,
             compressed_max: settings.compressed_max,
             swap_dir: settings.swap_dir.clone(),
+            base,
         },
     )
     .map_err(|e| VmmError::Config(format!("--memory-budget: {e}")))?;
@@ -162,7 +168,7 @@ mod tests {
             compressed_max: Some(MIB),
             swap_dir: std::env::temp_dir(),
         };
-        start(&memory, &mut lock_ram(&ram), &settings).unwrap();
+        start(&memory, &mut lock_ram(&ram), &settings, None).unwrap();
         let pages = size / PAGE as u64;
         for n in 0..pages {
             memory
@@ -234,7 +240,9 @@ mod tests {
             compressed_max: None,
             swap_dir: std::env::temp_dir(),
         };
-        let e = start(&memory, &mut ram, &settings).unwrap_err().to_string();
+        let e = start(&memory, &mut ram, &settings, None)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("--merge all"), "{e}");
         assert!(check_budget(MIB).unwrap_err().contains("minimum"));
     }

@@ -104,7 +104,9 @@ pub struct RunArgs {
     /// pages leave RAM (zero pages for nothing, compressible ones to an in-memory LZ4
     /// store counted within the budget — at most `compressed`, default a quarter of it —
     /// the rest to an unlinked swap file in `swap_dir`, default $TMPDIR) and come back on
-    /// access, for any guest (docs/tiering.md). PATCH /memory-tier changes it.
+    /// access, for any guest (docs/tiering.md). PATCH /memory-tier changes it. With
+    /// --restore, RAM is a file of the VM's own filled from the snapshot on first access
+    /// (not shared with other restores of the snapshot).
     #[arg(long, value_name = "SIZE[,OPTS]", value_parser = crate::cmd::tier::parse_memory_budget)]
     pub memory_budget: Option<densevm_vmm::tiering::TierSettings>,
     /// Serve the VM's HTTP API (Firecracker-style: GET /, PATCH /vm, PUT /snapshot/create,
@@ -120,7 +122,7 @@ pub struct RunArgs {
     pub id: Option<String>,
     /// Start the VM from a snapshot directory (made by PUT /snapshot/create) instead of
     /// booting: it continues where the snapshot was taken.
-    #[arg(long, value_name = "DIR", conflicts_with_all = ["kernel", "probe", "pmem", "disk", "share", "rng", "net", "vsock", "balloon", "memory_budget"])]
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["kernel", "probe", "pmem", "disk", "share", "rng", "net", "vsock", "balloon"])]
     pub restore: Option<std::path::PathBuf>,
     /// (clones) the template's RAM file is this inherited descriptor.
     #[arg(long, hide = true, requires = "restore")]
@@ -222,18 +224,19 @@ fn summary(args: &RunArgs, outcome: &RunOutcome, pmem: &PmemRegions) -> Value {
         o.insert("pmem".into(), json!(pmem.stats()));
         o.insert("readonly_slots".into(), json!(outcome.readonly_slots));
     }
+    add_figures(obj.as_object_mut().expect("object"), outcome);
+    obj
+}
+
+/// Adds what the VM's end measured (balloon, memory tier, memory figures) to `o`.
+fn add_figures(o: &mut Map<String, Value>, outcome: &RunOutcome) {
     if let Some(b) = &outcome.balloon {
-        obj.as_object_mut()
-            .expect("object")
-            .insert("balloon".into(), json!(b));
+        o.insert("balloon".into(), json!(b));
     }
     if let Some(t) = &outcome.tier {
-        obj.as_object_mut()
-            .expect("object")
-            .insert("memory_tier".into(), json!(crate::cmd::tier::info(t)));
+        o.insert("memory_tier".into(), json!(crate::cmd::tier::info(t)));
     }
     if let Some(m) = &outcome.memory {
-        let o = obj.as_object_mut().expect("object");
         o.insert("rss_kib".into(), json!(m.process.rss_kib));
         o.insert("uss_kib".into(), json!(m.process.uss_kib));
         o.insert("pss_kib".into(), json!(m.process.pss_kib));
@@ -248,7 +251,6 @@ fn summary(args: &RunArgs, outcome: &RunOutcome, pmem: &PmemRegions) -> Value {
                 .collect::<Vec<_>>()),
         );
     }
-    obj
 }
 
 fn print_report(m: &MemoryReport) {
@@ -476,6 +478,7 @@ fn restore_main(args: RunArgs, origin: Instant) -> anyhow::Result<i32> {
             dir: dir.clone(),
             ram,
             instance: args.clone_index.map_or(0, |k| k + 1),
+            memory_budget: args.memory_budget.clone(),
         },
         state,
         densevm_vmm::Reopened {
@@ -497,12 +500,14 @@ fn restore_main(args: RunArgs, origin: Instant) -> anyhow::Result<i32> {
         eprint!("{}", outcome.trace.table());
     }
     if args.json {
-        print_json(&json!({
+        let mut doc = json!({
             "exit_code": outcome.end.exit_code(),
             "end": outcome.end.to_string(),
             "error": outcome.end.is_error(),
             "restored_from": dir.display().to_string(),
-        }))?;
+        });
+        add_figures(doc.as_object_mut().expect("object"), &outcome);
+        print_json(&doc)?;
     }
     if outcome.end.is_error() {
         eprintln!("densevm: error: {}", outcome.end);

@@ -53,6 +53,7 @@ pub fn info(s: &TierStats) -> MemoryTierInfo {
         compressed_pages: s.compressed_pages,
         compressed_kib: s.compressed_bytes >> 10,
         swap_pages: s.swap_pages,
+        base_pages: s.base_pages,
         evicted_zero: s.evicted_zero,
         evicted_compressed: s.evicted_compressed,
         evicted_swap: s.evicted_swap,

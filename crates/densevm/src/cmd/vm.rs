@@ -241,13 +241,14 @@ pub fn main(args: VmArgs) -> anyhow::Result<i32> {
             }
             let t = client.memory_tier()?;
             let human = format!(
-                "memory tier: budget {} MiB, resident {} MiB; compressed {} pages in {} KiB, swap file {} pages
+                "memory tier: budget {} MiB, resident {} MiB; compressed {} pages in {} KiB, swap file {} pages, {} pages not yet read from the snapshot
 left RAM: {} zero, {} compressed, {} to swap ({} demoted); faults: {} missing, {} minor (cold-page samples), {} prefetched; service CPU {:.1} ms",
                 t.budget_mib,
                 t.resident_kib >> 10,
                 t.compressed_pages,
                 t.compressed_kib,
                 t.swap_pages,
+                t.base_pages,
                 t.evicted_zero,
                 t.evicted_compressed,
                 t.evicted_swap,

@@ -70,36 +70,8 @@ fn is_zero(buf: &[u8]) -> bool {
     buf.iter().all(|&b| b == 0)
 }
 
-/// The data ranges of `file` inside `[from, to)` (SEEK_DATA / SEEK_HOLE).
-pub(super) fn data_ranges(file: &File, from: u64, to: u64) -> io::Result<Vec<(u64, u64)>> {
-    let fd = file.as_raw_fd();
-    let mut ranges = Vec::new();
-    let mut pos = from;
-    while pos < to {
-        // SAFETY: lseek on a descriptor this File owns; it only moves the file offset.
-        let data = unsafe { libc::lseek(fd, pos as libc::off_t, libc::SEEK_DATA) };
-        if data < 0 {
-            let err = io::Error::last_os_error();
-            if err.raw_os_error() == Some(libc::ENXIO) {
-                break;
-            }
-            return Err(err);
-        }
-        let data = data as u64;
-        if data >= to {
-            break;
-        }
-        // SAFETY: as above.
-        let hole = unsafe { libc::lseek(fd, data as libc::off_t, libc::SEEK_HOLE) };
-        if hole < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let end = (hole as u64).min(to);
-        ranges.push((data, end));
-        pos = end;
-    }
-    Ok(ranges)
-}
+/// The data ranges of a file inside `[from, to)` (SEEK_DATA / SEEK_HOLE).
+pub(super) use densevm_tier::data_ranges;
 
 /// Copies `[from, to)` of `src` to the same offsets of `out`, skipping zero pages: each
 /// data range of `src` is mapped read-only and its runs of non-zero pages written out

@@ -1,8 +1,10 @@
 //! Building a VM from a snapshot directory: the saved layout (RAM and boot-image windows)
 //! mapped `MAP_PRIVATE` over the memory file (or an inherited template descriptor), the VM and vCPU state put
-//! back before any vCPU runs.
+//! back before any vCPU runs. With a memory budget, RAM is instead a fresh memfd of the
+//! VM's own, mapped shared and filled page by page from the memory file on first access by
+//! the memory tier (crate::tiering), which keeps it under the budget.
 
-use super::ram::RamFile;
+use super::ram::{create_ram_file, RamFile};
 use super::{SnapshotState, MEMORY_FILE, STATE_FILE};
 use crate::builder::{create_vcpu, finish};
 use crate::device_manager::DeviceManager;
@@ -30,6 +32,8 @@ pub struct RestoreSource {
     pub ram: Option<OwnedFd>,
     /// The instance number the guest reads at the debug port (K + 1 for clone K, else 0).
     pub instance: u32,
+    /// `--memory-budget`: RAM in a memfd of its own, tiered over the memory file.
+    pub memory_budget: Option<crate::tiering::TierSettings>,
 }
 
 fn bad(dir: &Path, what: impl std::fmt::Display) -> VmmError {
@@ -142,16 +146,30 @@ pub fn build_restored(
         ));
     }
     let file = Arc::new(file);
+    // With a budget, RAM regions map a memfd of the VM's own, filled from `file` by the tier
+    // (boot-image windows stay private over `file`: the tier does not serve them).
+    let own = match &source.memory_budget {
+        Some(_) => {
+            Some(Arc::new(create_ram_file(len).map_err(|e| {
+                bad(&dir, format!("cannot create its RAM file: {e}"))
+            })?))
+        }
+        None => None,
+    };
     let mut specs = Vec::with_capacity(state.regions.len());
     for r in state.regions.iter().filter(|r| !r.external) {
+        let (backing, shared) = match &own {
+            Some(own) if is_ram(&r.name) => (own.clone(), true),
+            _ => (file.clone(), false),
+        };
         specs.push(RegionSpec {
             name: r.name.clone(),
             gpa: r.gpa,
             size: r.size,
             backing: Backing::RamFile {
-                file: file.clone(),
+                file: backing,
                 offset: r.gpa,
-                shared: false,
+                shared,
             },
         });
     }
@@ -159,13 +177,25 @@ pub fn build_restored(
     let memory = GuestMemory::new(specs)?;
     let parts = crate::external::attach(&external, &placed, &memory, state.linux);
     let mut devices: Vec<_> = parts.devices.into_iter().chain(devices).collect();
-    // The RAM is private over the memory file (or template): a balloon release maps zeros
-    // over the range and remembers it (`RamFile::discard`).
-    // Writes into the file's holes go to anonymous memory, not into the file and then a
-    // private copy (crate::snapshot::holes).
-    let mut ram_file = RamFile::new(Some(file.clone()), false);
-    ram_file.set_anon_holes(crate::snapshot::holes::cover_holes(memory.regions(), &file));
-    trace.mark("holes_covered");
+    let ram_file = match (own, &source.memory_budget) {
+        (Some(own), Some(settings)) => {
+            // The tier serves RAM from here on, before anything reads or writes it.
+            let mut ram_file = RamFile::new(Some(own), true);
+            crate::tiering::start(&memory, &mut ram_file, settings, Some(file.clone()))?;
+            trace.mark("tier_started");
+            ram_file
+        }
+        _ => {
+            // The RAM is private over the memory file (or template): a balloon release maps
+            // zeros over the range and remembers it (`RamFile::discard`).
+            // Writes into the file's holes go to anonymous memory, not into the file and
+            // then a private copy (crate::snapshot::holes).
+            let mut ram_file = RamFile::new(Some(file.clone()), false);
+            ram_file.set_anon_holes(crate::snapshot::holes::cover_holes(memory.regions(), &file));
+            trace.mark("holes_covered");
+            ram_file
+        }
+    };
     let ram = Arc::new(std::sync::Mutex::new(ram_file));
     let balloon = match &state.balloon {
         Some(config) => {
