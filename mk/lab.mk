@@ -79,10 +79,10 @@ bench-clones: guest
 # make bench-net: virtio-net and `densevm exec` (issue #14): TCP throughput both ways and
 # ping -A round trips, densevm against QEMU 7.2 (tap, vhost off; vhost on when L1 has
 # /dev/vhost-net), and densevm exec round trips against console round trips (knobs
-# BENCH_NET_VMMS, BENCH_NET_MB, BENCH_NET_PINGS, BENCH_EXEC_N); first, ping -A bursts
-# alternated between densevm and QEMU vhost=off running at the same time (BENCH_NET_PAIR,
-# BENCH_NET_PAIR_ROUNDS, BENCH_NET_PAIR_PINGS). One L1 run; results also land in
-# build/lab/net.txt.
+# BENCH_NET_VMMS, BENCH_NET_MB, BENCH_NET_PINGS, BENCH_EXEC_N); first, ping -A bursts and
+# TCP transfers both ways alternated between densevm and QEMU vhost=off running at the same
+# time (BENCH_NET_PAIR, BENCH_NET_PAIR_ROUNDS, BENCH_NET_PAIR_PINGS, BENCH_NET_PAIR_MB). One
+# L1 run; results also land in build/lab/net.txt.
 .PHONY: bench-net
 bench-net: guest
 	@mkdir -p build/lab

@@ -14,13 +14,17 @@
 # exec (densevm only, same boot): $BENCH_EXEC_N runs of `densevm exec --no-stdin -- true`
 # against $BENCH_EXEC_N console round trips (`densevm console --send 'echo ...' --wait-for`),
 # each a fresh densevm process, timed by bash's EPOCHREALTIME in L1: medians and their ratio.
-# Paired small packets (first, before the sequential boots): the two VMMs of $BENCH_NET_PAIR
+# Paired small packets and TCP (first, before the sequential boots): the two VMMs of $BENCH_NET_PAIR
 # (default "densevm qemu", i.e. QEMU vhost=off) run at the same time on tap0 and tap1, and
 # short ping -A bursts alternate between them ($BENCH_NET_PAIR_ROUNDS rounds, default 30, of
 # $BENCH_NET_PAIR_PINGS, default 100, each way; the order flips every round): per-VMM medians
 # and the median and range of the per-round ratios, of the rate (wall time) and of ping's own
-# min and avg round-trip times (less hit by L1 stalls than the wall time of a burst). BENCH_NET_PAIR_ROUNDS=0 skips this,
-# BENCH_NET_VMMS= (empty) the sequential boots.
+# min and avg round-trip times (less hit by L1 stalls than the wall time of a burst). Then,
+# in the same round and order, one TCP transfer of $BENCH_NET_PAIR_MB MiB (default 8) guest ->
+# L1 for each VMM, then one L1 -> guest for each (busybox nc, as in the sequential part, a
+# fresh L1 port each): per-VMM median MiB/s and the per-round ratios. BENCH_NET_PAIR_MB=0
+# skips the TCP transfers, BENCH_NET_PAIR_ROUNDS=0 the whole paired phase, BENCH_NET_VMMS=
+# (empty) the sequential boots.
 # Everything is nested (L1 is QEMU TCG): compare the ratios, not the absolute figures.
 . "$LAB_SRC/lib/test-lib.sh"
 need_l2_densevm
@@ -33,12 +37,13 @@ EXEC_N="${BENCH_EXEC_N:-20}"
 PAIR="${BENCH_NET_PAIR:-densevm qemu}"
 ROUNDS="${BENCH_NET_PAIR_ROUNDS:-30}"
 PP="${BENCH_NET_PAIR_PINGS:-100}"
+PMB="${BENCH_NET_PAIR_MB:-8}"
 W=/tmp/bench-net
 tmpfs_workdir "$W"
 MAC=06:00:c0:a8:4d:02
 el() { awk -v a="$1" -v b="$(uptime_s)" 'BEGIN { printf "%.2f", b - a }'; }
 
-echo "# net + exec: $(date -u +%Y-%m-%dT%H:%MZ), L1 $(nproc) vCPUs, load $(cut -d' ' -f1-3 /proc/loadavg), kernel $GUEST_KERNEL_RELEASE, VMMs: ${VMMS:-none}, $MB MiB per TCP transfer, $PINGS pings; paired: $PAIR, $ROUNDS rounds of $PP pings"
+echo "# net + exec: $(date -u +%Y-%m-%dT%H:%MZ), L1 $(nproc) vCPUs, load $(cut -d' ' -f1-3 /proc/loadavg), kernel $GUEST_KERNEL_RELEASE, VMMs: ${VMMS:-none}, $MB MiB per TCP transfer, $PINGS pings; paired: $PAIR, $ROUNDS rounds of $PP pings and $PMB MiB TCP each way"
 tunctl -t tap0 > /dev/null || fail "tunctl -t tap0"
 ip addr add 192.168.77.1/24 dev tap0 || fail "ip addr add on tap0"
 ip link set tap0 up || fail "ip link set tap0 up"
@@ -147,14 +152,17 @@ bench_vmm() { # bench_vmm NAME: one boot; KEY=VALUE results in $W/res.NAME
   wait $txpid 2> /dev/null
 }
 
-# ---- Paired small-packet phase: two VMMs at once, ping bursts alternated between them ----
+# ---- Paired phase: two VMMs at once, ping bursts and TCP transfers alternated between them ----
 # Sequential boots minutes apart measured L1 -> guest ping -A at 0.21-2.78x QEMU over three
 # runs: L1 (TCG on a shared host) changes speed between them. Here the first VMM of
 # $BENCH_NET_PAIR runs on tap0 (192.168.77.0/24), the second on tap1 (192.168.78.0/24), both
 # guests idle in `nc -l` between bursts; each of $BENCH_NET_PAIR_ROUNDS rounds sends
 # $BENCH_NET_PAIR_PINGS `ping -A` from L1 to each guest (AB, then BA the next round, ...),
 # then tells each guest in the same order (a line on its port 5004) to ping L1 as many times,
-# timed in the guest. Per-round ratios A/B are taken between bursts seconds apart.
+# timed in the guest. Per-round ratios A/B are taken between bursts seconds apart. Then, same
+# order, $BENCH_NET_PAIR_MB MiB over TCP from each guest to L1 (`tx`: dd | nc in the guest,
+# nc -l | wc -c in L1), then from L1 to each guest (`rx`: dd | nc -l in L1, nc | wc -c in the
+# guest), both timed in the guest; sequential boots minutes apart gave 0.78-2.17x QEMU for TCP.
 
 # summ FILE: "REPLIES MIN AVG" from a busybox ping summary (RTTs in ms; L1 and the guests).
 # shellcheck disable=SC2016
@@ -174,10 +182,14 @@ mkfifo /tmp/hold; exec 3<> /tmp/hold
 echo DENSEVM-PAIR-READY
 while :; do
   timeout 1800 nc -l -p 5004 < /tmp/hold > /tmp/cmd || exit 13
-  read -r c k n < /tmp/cmd
+  read -r c k n p < /tmp/cmd
   case \$c in
     ping) t=\$(now); ping -A -q -c "\$n" 192.168.$1.1 > /tmp/p 2>&1
       mark "GPING-\$k" "\$(el \$t) \$(summ /tmp/p)" ;;
+    tx) t=\$(now); dd if=/dev/zero bs=64k count=\$((n * 16)) 2> /dev/null | timeout 600 nc 192.168.$1.1 "\$p"
+      s=\$?; mark "GTX-\$k" "\$(el \$t) \$s" ;;
+    rx) t=\$(now); b=\$(timeout 600 nc 192.168.$1.1 "\$n" < /tmp/hold | wc -c)
+      mark "GRX-\$k" "\$(el \$t) \$b" ;;
     exit) exit 0 ;;
   esac
 done
@@ -219,6 +231,53 @@ pair_guest_ping() { # pair_guest_ping VMM NET ROUND: one guest -> L1 burst, time
   echo "$3 $1 guest-l1 $(guest_value "$W/pair.$1.log" "GPING-$3")" >> "$W/pair.txt"
 }
 
+pair_listening() { # pair_listening PORT: waits up to 20 s until a TCP socket listens on PORT in L1
+  _h=$(printf ':%04X' "$1")
+  _j=0
+  until cat /proc/net/tcp /proc/net/tcp6 2> /dev/null |
+    awk -v h="$_h" '$4 == "0A" && substr($2, length($2) - 4) == h { f = 1 } END { exit !f }'; do
+    _j=$((_j + 1)); [ $_j -lt 200 ] || return 1; sleep 0.1
+  done
+}
+
+# pair_tcp VMM NET ROUND tx|rx PORT: one TCP transfer of $PMB MiB, guest -> L1 (tx) or
+# L1 -> guest (rx), timed in the guest; L1's end listens on PORT before the guest is told to
+# connect. Both ends' byte counts are checked. Appends "ROUND VMM tcp-tx|tcp-rx SECONDS BYTES".
+pair_tcp() {
+  _want=$((PMB * 1048576))
+  _pid=$(cat "$W/pair.$1.pid")
+  rm -f "$W/ptcp.n"
+  if [ "$4" = tx ]; then
+    (timeout 900 nc -l -p "$5" < "$W/hold" | wc -c > "$W/ptcp.n") &
+    _cmd="tx $3 $PMB $5" _key=GTX
+  else
+    (dd if=/dev/zero bs=64k count=$((PMB * 16)) 2> /dev/null | timeout 900 nc -l -p "$5" > /dev/null) &
+    _cmd="rx $3 $5" _key=GRX
+  fi
+  _lp=$!
+  pair_listening "$5" || fail "paired: L1's nc did not listen on port $5 within 20 s ($1, round $3, $4)"
+  pair_send "$2" "$_cmd" || fail "paired: $1 does not take commands on 192.168.$2.2:5004"
+  wait_for_line_pid "$W/pair.$1.log" "DENSEVM-$_key-$3=" 700 "$_pid" ||
+    fail "paired: $1's guest did not report its TCP $4 $3"
+  # L1's end is done once the guest's nc has ended (it closed the connection, or the guest
+  # received L1's close); a failed transfer can leave it waiting, so it gets 30 s.
+  _j=0
+  while kill -0 $_lp 2> /dev/null && [ $_j -lt 300 ]; do sleep 0.1; _j=$((_j + 1)); done
+  kill -0 $_lp 2> /dev/null && fail "paired: $1, round $3: L1's end of the TCP $4 on port $5 did not finish"
+  wait $_lp
+  # shellcheck disable=SC2046
+  set -- "$1" "$3" "$4" $(guest_value "$W/pair.$1.log" "$_key-$3")
+  if [ "$3" = tx ]; then
+    _got=$(tr -d ' ' < "$W/ptcp.n" 2> /dev/null)
+    { [ "$_got" = "$_want" ] && [ "$5" = 0 ]; } ||
+      fail "paired: $1, round $2: L1 received ${_got:-no} bytes from the guest, not $_want (guest nc status ${5:-?})"
+  else
+    _got=$5
+    [ "$_got" = "$_want" ] || fail "paired: $1, round $2: the guest received ${_got:-no} bytes from L1, not $_want"
+  fi
+  echo "$2 $1 tcp-$3 $4 $_got" >> "$W/pair.txt"
+}
+
 bench_pair() {
   # shellcheck disable=SC2086
   set -- $PAIR
@@ -237,7 +296,7 @@ bench_pair() {
       tr -d '\r' < "$W/pair.$v.log" | tail -n 5; tail -n 5 "$W/pair.$v.log.err" 2> /dev/null
       fail "paired: $v's guest did not get its network up"; }
   done
-  echo "# paired: both guests up at $(uptime_s) s; $ROUNDS rounds of $PP pings each way, load $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "# paired: both guests up at $(uptime_s) s; $ROUNDS rounds of $PP pings and $PMB MiB TCP each way, load $(cut -d' ' -f1-3 /proc/loadavg)"
   # Warm-up (untimed): ARP entries, the first wake-ups.
   ping -A -q -c 20 192.168.77.2 > /dev/null 2>&1; ping -A -q -c 20 192.168.78.2 > /dev/null 2>&1
   r=1
@@ -245,6 +304,12 @@ bench_pair() {
     if [ $((r % 2)) = 1 ]; then o="$a:77 $b:78"; else o="$b:78 $a:77"; fi
     for x in $o; do pair_l1_ping "${x%:*}" "${x#*:}" $r; done
     for x in $o; do pair_guest_ping "${x%:*}" "${x#*:}" $r; done
+    if [ "$PMB" -gt 0 ]; then
+      j=0
+      for d in tx rx; do
+        for x in $o; do pair_tcp "${x%:*}" "${x#*:}" $r $d $((6000 + 4 * r + j)); j=$((j + 1)); done
+      done
+    fi
     r=$((r + 1))
   done
   for x in "$a:77" "$b:78"; do pair_send "${x#*:}" exit || echo "# paired: ${x%:*} did not take exit"; done
@@ -254,16 +319,23 @@ bench_pair() {
     sleep 2; kill -9 "$p" 2> /dev/null; wait "$p" 2> /dev/null
   done
   ip link del tap1 2> /dev/null
-  echo "# paired raw (round vmm direction seconds replies min-rtt-ms avg-rtt-ms):"
+  echo "# paired: done at $(uptime_s) s, load $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "# paired raw (round vmm direction seconds replies min-rtt-ms avg-rtt-ms; tcp-tx, tcp-rx: round vmm direction seconds bytes):"
   sed 's/^/#   /' "$W/pair.txt"
   pair_table "$a" "$b" > "$W/pair.md"
 }
 
 pair_table() { # pair_table A B: per-VMM medians, median and range of the per-round ratios A/B
-  awk -v a="$1" -v b="$2" -v n="$PP" -v rounds="$ROUNDS" '
+  awk -v a="$1" -v b="$2" -v n="$PP" -v rounds="$ROUNDS" -v mb="$PMB" '
     function median(v, k,   i, j, t) {
       for (i = 2; i <= k; i++) { t = v[i]; for (j = i - 1; j >= 1 && v[j] > t; j--) v[j + 1] = v[j]; v[j + 1] = t }
       return (k % 2) ? v[(k + 1) / 2] : (v[k / 2] + v[k / 2 + 1]) / 2
+    }
+    # TCP lines: ROUND VMM tcp-tx|tcp-rx SECONDS BYTES (MiB/s from the guest-timed seconds)
+    $3 ~ /^tcp-/ {
+      if ($4 > 0) mibs[$1, $2, $3] = $5 / 1048576 / $4
+      if ($1 > last) last = $1
+      next
     }
     {
       if ($4 > 0) rate[$1, $2, $3] = n / $4
@@ -274,23 +346,26 @@ pair_table() { # pair_table A B: per-VMM medians, median and range of the per-ro
       if ($1 > last) last = $1
     }
     # row LABEL DIR WHAT: per-VMM medians of WHAT (rate: round trips/s from the wall time;
-    # min, avg: ping RTTs in us) and the per-round speed ratios A/B (B/A for RTTs).
-    function row(label, dir, what,   r, k, x, y, z, lo, hi, u, v, w) {
+    # min, avg: ping RTTs in us; mibs: TCP MiB/s) and the per-round speed ratios A/B (B/A for
+    # RTTs).
+    function row(label, dir, what,   r, k, x, y, z, lo, hi, u, v, w, f) {
       k = 0; w = 0
       for (r = 1; r <= last; r++) {
         if (what == "rate") { u = rate[r, a, dir]; v = rate[r, b, dir] }
+        else if (what == "mibs") { u = mibs[r, a, dir]; v = mibs[r, b, dir] }
         else if (what == "min") { u = minrtt[r, a, dir]; v = minrtt[r, b, dir] }
         else { u = avgrtt[r, a, dir]; v = avgrtt[r, b, dir] }
         if (u == "" || v == "" || u == 0 || v == 0) continue
-        k++; x[k] = u; y[k] = v; z[k] = (what == "rate") ? u / v : v / u; if (z[k] > 1) w++
+        k++; x[k] = u; y[k] = v; z[k] = (what == "rate" || what == "mibs") ? u / v : v / u; if (z[k] > 1) w++
         if (k == 1 || z[k] < lo) lo = z[k]; if (k == 1 || z[k] > hi) hi = z[k]
       }
       if (k == 0) { printf "| %s | n/a | n/a | n/a | n/a | 0 of 0 |\n", label; return }
-      printf "| %s | %.0f | %.0f | %.2f | %.2f-%.2f | %d of %d |\n", label, median(x, k), median(y, k), median(z, k), lo, hi, w, k
+      f = (what == "mibs") ? "%.2f" : "%.0f"
+      printf "| %s | " f " | " f " | %.2f | %.2f-%.2f | %d of %d |\n", label, median(x, k), median(y, k), median(z, k), lo, hi, w, k
       if (what == "rate" && (((a, dir) in lost) || ((b, dir) in lost))) note = note sprintf("lost replies, %s: %s %d, %s %d\n", label, a, lost[a, dir], b, lost[b, dir])
     }
     END {
-      printf "| paired: %d rounds x %d ping -A | %s (median) | %s (median) | median of per-round %s/%s speed | per-round range | rounds %s faster |\n", rounds, n, a, b, a, b, a
+      printf "| paired: %d rounds x %d ping -A%s | %s (median) | %s (median) | median of per-round %s/%s speed | per-round range | rounds %s faster |\n", rounds, n, (mb > 0) ? sprintf(", %d MiB TCP", mb) : "", a, b, a, b, a
       print "|---|---:|---:|---:|---:|---:|"
       row("L1 -> guest, round trips/s", "l1-guest", "rate")
       row("L1 -> guest, min RTT us", "l1-guest", "min")
@@ -298,6 +373,10 @@ pair_table() { # pair_table A B: per-VMM medians, median and range of the per-ro
       row("guest -> L1, round trips/s", "guest-l1", "rate")
       row("guest -> L1, min RTT us", "guest-l1", "min")
       row("guest -> L1, avg RTT us", "guest-l1", "avg")
+      if (mb > 0) {
+        row("TCP guest -> L1, MiB/s", "tcp-tx", "mibs")
+        row("TCP L1 -> guest, MiB/s", "tcp-rx", "mibs")
+      }
       printf "%s", note
     }' "$W/pair.txt"
 }
