@@ -11,6 +11,10 @@
 #    final JSON report's memory_tier);
 #  - guest RAM resident in L1, sampled every second through the API, never exceeds the
 #    budget plus the tier's slack (1/32 of it, at least 1 MiB: 4 MiB).
+# Then a restore under a budget: L1 snapshots the VM (its files still in the guest's
+# tmpfs), kills it and restores the snapshot with `--memory-budget 96M` (RAM of its own,
+# read from the snapshot on first access); the restored guest checksums every file again:
+# the same sums, pages read from the snapshot and evicted, resident within 96 + 3 MiB.
 # Printed: the workload's time, the tier's counters and CPU time, the VMM's peak RSS.
 . "$LAB_SRC/lib/test-lib.sh"
 need_l2_densevm
@@ -30,6 +34,10 @@ r2=$(sum /mnt/t/r2); r3=$(sum /mnt/t/r); c2=$(sum /mnt/t/c)
 mark R1 "$r1"; mark R2 "$r2"; mark R3 "$r3"; mark C1 "$c1"; mark C2 "$c2"
 mark WORKLOAD-S "$(awk "BEGIN { print $(now) - $t0 }")"
 [ "$r1" = "$r2" ] && [ "$r1" = "$r3" ] && [ "$c1" = "$c2" ] || { echo "guest: checksums differ"; exit 5; }
+# L1 snapshots the VM now and restores it; the restored guest wakes up here.
+mark SNAP-READY 1
+sleep 10
+mark R4 "$(sum /mnt/t/r2)"; mark R5 "$(sum /mnt/t/r)"; mark C4 "$(sum /mnt/t/c)"
 EOF
 )
 L2_MEM=256M
@@ -37,33 +45,69 @@ l2_start "$W/vm.log" "$GUEST_INITRD" "$GUEST_FNS
 $GUEST" --api-sock "$W/api.sock" --memory-budget 128M
 vm=$L2_PID
 trap 'kill $vm 2>/dev/null' EXIT
-# Sample guest RAM resident (the tier's own figure) and the VMM's RSS until the VM ends.
-peak_res=0 peak_rss=0 samples=0
-while kill -0 "$vm" 2>/dev/null; do
-  if densevm vm memory-tier --api-sock "$W/api.sock" --json > "$W/t.json" 2>/dev/null; then
-    res=$(json_number "$W/t.json" resident_kib)
-    [ -n "$res" ] && [ "$res" -gt "$peak_res" ] && peak_res=$res
-    samples=$((samples + 1))
-  fi
-  rss=$(awk '$1 == "Rss:" { print $2 }' "/proc/$vm/smaps_rollup" 2>/dev/null)
-  [ -n "$rss" ] && [ "$rss" -gt "$peak_rss" ] && peak_rss=$rss
-  l2_follow "$W/vm.log"
-  [ "$(($(cut -d. -f1 /proc/uptime) - L2_START))" -lt 480 ] || break
-  sleep 1
-done
-l2_wait "$W/vm.log" "tiered guest" 500
+# sample SOCK LOG UNTIL: samples guest RAM resident (the tier's own figure, peak_res) and
+# the VMM's RSS (peak_rss) every second until the VM ends or LOG has the line UNTIL; the
+# last sample stays in $W/t.json.
+sample() {
+  peak_res=0 peak_rss=0 samples=0
+  while kill -0 "$L2_PID" 2>/dev/null; do
+    if densevm vm memory-tier --api-sock "$1" --json > "$W/t.json.new" 2>/dev/null; then
+      mv "$W/t.json.new" "$W/t.json"
+      res=$(json_number "$W/t.json" resident_kib)
+      [ -n "$res" ] && [ "$res" -gt "$peak_res" ] && peak_res=$res
+      samples=$((samples + 1))
+    fi
+    rss=$(awk '$1 == "Rss:" { print $2 }' "/proc/$L2_PID/smaps_rollup" 2>/dev/null)
+    [ -n "$rss" ] && [ "$rss" -gt "$peak_rss" ] && peak_rss=$rss
+    l2_follow "$2"
+    grep -q "$3" "$2" && break
+    [ "$(($(cut -d. -f1 /proc/uptime) - L2_START))" -lt 480 ] || break
+    sleep 1
+  done
+}
+# n FILE KEY: a counter from FILE, a GET /memory-tier answer or a JSON report's memory_tier.
+n() {
+  tr -d '\n ' < "$1" | sed 's/.*"memory_tier":{//' | grep -o "\"$2\":[0-9]*" | head -n 1 | cut -d: -f2
+}
+
+sample "$W/api.sock" "$W/vm.log" DENSEVM-SNAP-READY
 log=$W/vm.log
+grep -q DENSEVM-SNAP-READY "$log" || { l2_wait "$log" "tiered guest" 500; fail "the guest never got to its snapshot point"; }
 want_c=$(yes densevm-tiering-0123456789 | head -c 50331648 | sha256sum | cut -d' ' -f1)
 [ "$(guest_value "$log" C1)" = "$want_c" ] ||
   fail "the compressible file's checksum in the guest ($(guest_value "$log" C1)) is not the host's ($want_c)"
 [ -n "$(guest_value "$log" R1)" ] || fail "the guest printed no checksum"
 echo "workload: $(guest_value "$log" WORKLOAD-S) s; $samples samples, peak guest RAM resident $((peak_res / 1024)) MiB, peak VMM RSS $((peak_rss / 1024)) MiB"
-tr -d '\n ' < "$log.json" | grep -o '"memory_tier":{[^}]*}' || fail "no memory_tier in the JSON report"
-n() { tr -d '\n ' < "$log.json" | grep -o '"memory_tier":{[^}]*}' | sed -n "s/.*\"$1\":\([0-9]*\).*/\1/p"; }
-[ "$(n evicted_swap)" -gt 0 ] || fail "no page went to the swap file"
-[ "$(n evicted_compressed)" -gt 0 ] || fail "no page was compressed"
-[ "$(n missing_faults)" -gt 0 ] || fail "no page came back"
+tr -d '\n' < "$W/t.json"; echo
+[ "$(n "$W/t.json" evicted_swap)" -gt 0 ] || fail "no page went to the swap file"
+[ "$(n "$W/t.json" evicted_compressed)" -gt 0 ] || fail "no page was compressed"
+[ "$(n "$W/t.json" missing_faults)" -gt 0 ] || fail "no page came back"
 [ "$samples" -ge 5 ] || fail "only $samples samples of GET /memory-tier"
 limit=$(((128 + 4) * 1024))
 [ "$peak_res" -le "$limit" ] || fail "guest RAM resident peaked at $peak_res KiB, over the budget + slack ($limit KiB)"
-echo "PASS: tiered guest (budget 128 MiB of 256) finished its workload with correct checksums"
+echo "ok: tiered guest (budget 128 MiB of 256) finished its workload with correct checksums"
+
+# ---- snapshot, then a restore under a budget ------------------------------------------
+densevm vm pause --api-sock "$W/api.sock" > /dev/null || fail "pause"
+densevm vm snapshot --api-sock "$W/api.sock" --dir "$W/snap" --json > "$W/snap.json" || fail "snapshot: $(cat "$W/snap.json")"
+kill -9 "$vm"; wait "$vm" 2> /dev/null
+echo "ok: snapshot of the tiered VM ($(json_number "$W/snap.json" ms) ms, $(du -m "$W/snap/memory" | cut -f1) MiB in its memory file)"
+log=$W/restored.log
+: > "$log"
+densevm run --restore "$W/snap" --memory-budget 96M --api-sock "$W/api2.sock" --json > "$log.json" 2> "$log" &
+L2_PID=$! L2_LINES=0 L2_START=$(cut -d. -f1 /proc/uptime)
+vm=$L2_PID
+sample "$W/api2.sock" "$log" DENSEVM-GUEST-EXIT
+l2_wait "$log" "restored tiered guest" 300
+for k in R4 R5; do
+  [ "$(guest_value "$log" $k)" = "$(guest_value "$W/vm.log" R1)" ] ||
+    fail "restored: $k = '$(guest_value "$log" $k)', not the random file's sum before the snapshot"
+done
+[ "$(guest_value "$log" C4)" = "$want_c" ] || fail "restored: the compressible file's sum is '$(guest_value "$log" C4)'"
+echo "restored: $samples samples, peak guest RAM resident $((peak_res / 1024)) MiB, peak VMM RSS $((peak_rss / 1024)) MiB"
+tr -d '\n ' < "$log.json" | grep -o '"memory_tier":{[^}]*}' || fail "no memory_tier in the restored VM's JSON report"
+[ "$(n "$log.json" missing_faults)" -gt 0 ] || fail "restored: no page was read from the snapshot"
+[ "$(n "$log.json" evicted_compressed)" -gt 0 ] || fail "restored: no page left RAM under the budget"
+limit=$(((96 + 3) * 1024))
+[ "$peak_res" -le "$limit" ] || fail "restored: guest RAM resident peaked at $peak_res KiB, over the budget + slack ($limit KiB)"
+echo "PASS: tiered guest (budget 128 MiB of 256) and its restore under a 96 MiB budget: correct checksums, within budget"
