@@ -38,6 +38,12 @@ pub fn run_args(spec: &VmCreate, id: &str, dir: &Path) -> Vec<String> {
     }
     if let Some(r) = &spec.restore {
         push("--restore", r);
+        for o in &spec.network_overrides {
+            push(
+                "--net-override",
+                &format!("{}={}", o.iface_id, o.host_dev_name),
+            );
+        }
     } else {
         push("--memory", &format!("{}M", spec.memory_mib));
         push("--cpus", &spec.vcpus.unwrap_or(1).to_string());
@@ -90,6 +96,45 @@ pub fn run_args(spec: &VmCreate, id: &str, dir: &Path) -> Vec<String> {
     a
 }
 
+/// Checks `network_overrides`: only with a restore, each `netN` once, a tap name the
+/// kernel would take (1–15 bytes, no `/`, `=`, `,`, blank or NUL).
+fn check_overrides(spec: &VmCreate) -> Result<(), ApiErrorResponse> {
+    if spec.network_overrides.is_empty() {
+        return Ok(());
+    }
+    if spec.restore.is_none() {
+        return Err(bad(
+            "network_overrides go with restore (a booted VM names its taps in nets)",
+        ));
+    }
+    let mut seen = Vec::new();
+    for o in &spec.network_overrides {
+        let index = o
+            .iface_id
+            .strip_prefix("net")
+            .and_then(|n| n.parse::<u32>().ok());
+        if index.is_none() || seen.contains(&o.iface_id) {
+            return Err(bad(format!(
+                "network_overrides: iface_id {:?} must be net0 for the snapshot's first net, net1 for the second, ..., each once",
+                o.iface_id
+            )));
+        }
+        seen.push(o.iface_id.clone());
+        let tap = &o.host_dev_name;
+        let ok = !tap.is_empty()
+            && tap.len() < 16
+            && !tap
+                .bytes()
+                .any(|b| b.is_ascii_whitespace() || matches!(b, b'/' | b'=' | b',' | 0));
+        if !ok {
+            return Err(bad(format!(
+                "network_overrides: host_dev_name {tap:?} is not a tap name (1-15 bytes, no '/', '=', ',' or blanks)"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Checks a create request: what to run, sizes and bounds. Returns (min, max).
 pub(crate) fn check_create(spec: &VmCreate) -> Result<(u64, u64), ApiErrorResponse> {
     let sources = [&spec.kernel, &spec.probe, &spec.restore]
@@ -130,6 +175,7 @@ pub(crate) fn check_create(spec: &VmCreate) -> Result<(u64, u64), ApiErrorRespon
     if spec.vcpus.is_some_and(|n| n == 0 || n > 254) {
         return Err(bad("vcpus must be 1 to 254"));
     }
+    check_overrides(spec)?;
     let strings = [
         &spec.kernel,
         &spec.initrd,
@@ -303,6 +349,59 @@ mod tests {
                 ..spec
             };
             assert_eq!(check_create(&spec).unwrap_err().status, 400, "budget {b}");
+        }
+    }
+
+    fn over(iface: &str, tap: &str) -> densevm_api::types::NetworkOverride {
+        densevm_api::types::NetworkOverride {
+            iface_id: iface.into(),
+            host_dev_name: tap.into(),
+        }
+    }
+
+    /// A restore's network overrides become `--net-override IFACE=TAP`; without a restore,
+    /// with a bad interface, a repeated one or a bad tap name they are refused.
+    #[test]
+    fn network_overrides_go_with_a_restore_and_are_checked() {
+        let spec = VmCreate {
+            restore: Some("/snap".into()),
+            memory_mib: 256,
+            network_overrides: vec![over("net0", "tap7"), over("net1", "tap8")],
+            ..Default::default()
+        };
+        check_create(&spec).unwrap();
+        let args = run_args(&spec, "a", Path::new("/state/vms/a"));
+        let got: Vec<&str> = args
+            .windows(2)
+            .filter(|w| w[0] == "--net-override")
+            .map(|w| w[1].as_str())
+            .collect();
+        assert_eq!(got, ["net0=tap7", "net1=tap8"]);
+        let booted = VmCreate {
+            restore: None,
+            kernel: Some("/k".into()),
+            ..spec.clone()
+        };
+        let e = check_create(&booted).unwrap_err();
+        assert!(e.message.contains("go with restore"), "{}", e.message);
+        for (bad, says) in [
+            (vec![over("eth0", "tap1")], "iface_id"),
+            (
+                vec![over("net0", "tap1"), over("net0", "tap2")],
+                "each once",
+            ),
+            (vec![over("net0", "")], "host_dev_name"),
+            (vec![over("net0", "a/b")], "host_dev_name"),
+            (vec![over("net0", "tap=1")], "host_dev_name"),
+            (vec![over("net0", "sixteen-bytes-xx")], "host_dev_name"),
+        ] {
+            let spec = VmCreate {
+                network_overrides: bad.clone(),
+                ..spec.clone()
+            };
+            let e = check_create(&spec).unwrap_err();
+            assert_eq!(e.status, 400);
+            assert!(e.message.contains(says), "{bad:?}: {}", e.message);
         }
     }
 }

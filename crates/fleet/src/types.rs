@@ -52,7 +52,8 @@ pub struct VmCreate {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_mib: Option<u64>,
     /// A DRAM budget for its RAM, MiB (`densevm run --memory-budget`, docs/tiering.md): at
-    /// least 4 and at most its RAM; not with `restore`.
+    /// least 4 and at most its RAM. With `restore`, RAM of its own read from the snapshot
+    /// on first access.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_budget_mib: Option<u64>,
     /// `--net` values (`tap=NAME[,mac=MAC]`, docs/networking.md); each tap serves one VM.
@@ -63,6 +64,11 @@ pub struct VmCreate {
     /// `POST /vms/{id}/exec` reaches the guest agent through.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vsock_cid: Option<u32>,
+    /// With `restore`: put the snapshot's network interfaces on other taps (Firecracker's
+    /// snapshot-load `network_overrides`; `densevm run --net-override IFACE=TAP`), so that
+    /// several VMs restored from one snapshot each get a tap of their own.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub network_overrides: Vec<densevm_api::types::NetworkOverride>,
 }
 
 /// `POST /vms/{id}/exec`: a command to run in the guest through its agent (docs/vsock.md).

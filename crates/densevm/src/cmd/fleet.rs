@@ -209,7 +209,8 @@ struct CreateArgs {
     max: Option<u64>,
     /// A DRAM budget for its RAM (`densevm run --memory-budget`, docs/tiering.md): its
     /// coldest pages leave DRAM for densevm's compressed and swap tiers; the policy may
-    /// lower it when the host runs low. Not with --restore.
+    /// lower it when the host runs low. With --restore, RAM of its own read from the
+    /// snapshot on first access.
     #[arg(long, value_name = "SIZE", value_parser = parse_mib)]
     memory_budget: Option<u64>,
     /// As `densevm run --net` (repeatable): tap=NAME[,mac=MAC].
@@ -219,6 +220,10 @@ struct CreateArgs {
     /// what `densevm fleet exec` reaches the guest agent through.
     #[arg(long, value_name = "CID")]
     vsock_cid: Option<u32>,
+    /// With --restore: put interface IFACE (net0 for the snapshot's first --net, ...) on
+    /// tap TAP instead of the snapshot's (repeatable), as `densevm run --net-override`.
+    #[arg(long, value_name = "IFACE=TAP", requires = "restore", value_parser = crate::cmd::devices::parse_net_override)]
+    net_override: Vec<densevm_api::NetworkOverride>,
 }
 
 /// A watermark: MiB, or a percentage of MemTotal.
@@ -353,6 +358,7 @@ pub fn main(args: FleetArgs) -> anyhow::Result<i32> {
                 memory_budget_mib: c.memory_budget,
                 nets: c.net,
                 vsock_cid: c.vsock_cid,
+                network_overrides: c.net_override,
             };
             let vm = FleetClient::new(&c.sock.sock).create(&spec)?;
             print_vm(c.sock.json, &vm)
