@@ -10,3 +10,11 @@ BENCH_TIER_ARGS ?=
 bench-tier:
 	scripts/bench-tier.sh $(BENCH_TIER_ARGS)
 BENCH_TARGETS += bench-tier
+
+#   make bench-restore-budget   a probe VM's snapshot (64 MiB of data) restored plain and
+#                     under --memory-budget 16M and 8M: wall time, peak RSS, USS, the
+#                     tier's counters (docs/benchmarks.md "### Restoring under a budget").
+.PHONY: bench-restore-budget
+bench-restore-budget: build
+	scripts/bench-restore-budget.sh $(abspath $(or $(CARGO_TARGET_DIR),target))/release/densevm
+BENCH_TARGETS += bench-restore-budget
