@@ -31,7 +31,7 @@ echo "# $(date -u +%Y-%m-%dT%H:%MZ), load $(cut -d' ' -f1-3 /proc/loadavg), snap
 peak() { local m=0 r; while [ -e "/proc/$1" ]; do r=$(awk '/^VmRSS/ { print $2 }' "/proc/$1/status" 2>/dev/null || true); [ -n "$r" ] && [ "$r" -gt "$m" ] && m=$r; sleep 0.02; done; echo "$m"; }
 {
   echo
-  echo "| restore | wall s | peak RSS MiB | USS at end MiB | resident at end MiB | read from the snapshot (missing faults + prefetched) | evicted (compressed / swap) | tier CPU ms |"
+  echo "| restore | wall s | peak RSS MiB | USS at end MiB | resident at end MiB | read from the snapshot (missing faults + prefetched) | evicted (clean / compressed / swap) | tier CPU ms |"
   echo "|---|---:|---:|---:|---:|---:|---:|---:|"
 } | tee -a "$out/table.md"
 sums=""
@@ -55,7 +55,7 @@ t = d.get("memory_tier")
 name = "plain (private over the snapshot)" if mode == "plain" else f"--memory-budget {mode}"
 if t:
     print(f"| {name} | {e - s:.1f} | {pk / 1024:.1f} | {d['uss_kib'] / 1024:.1f} | {t['resident_kib'] / 1024:.1f} | "
-          f"{t['missing_faults']} + {t['prefetched']} | {t['evicted_compressed']} / {t['evicted_swap']} | {t['service_cpu_us'] / 1000:.0f} |")
+          f"{t['missing_faults']} + {t['prefetched']} | {t.get('evicted_clean', 0)} / {t['evicted_compressed']} / {t['evicted_swap']} | {t['service_cpu_us'] / 1000:.0f} |")
 else:
     print(f"| {name} | {e - s:.1f} | {pk / 1024:.1f} | {d['uss_kib'] / 1024:.1f} | — | — | — | — |")
 PY

@@ -299,11 +299,16 @@ pub struct MemoryTierInfo {
     pub compressed_kib: u64,
     /// Pages in the swap file.
     pub swap_pages: u64,
-    /// Pages a restored VM has not touched yet: still only in its snapshot's memory file.
+    /// Pages of a VM restored with a budget whose data is only in its snapshot's memory
+    /// file (never read, or dropped unchanged).
     #[serde(default)]
     pub base_pages: u64,
     /// Zero pages that left RAM (kept as nothing).
     pub evicted_zero: u64,
+    /// Pages of a VM restored with a budget that left RAM for nothing: they still held the
+    /// snapshot's bytes, read from it again when needed.
+    #[serde(default)]
+    pub evicted_clean: u64,
     /// Pages that left RAM compressed.
     pub evicted_compressed: u64,
     /// Pages that left RAM for the swap file.

@@ -213,10 +213,8 @@ fn snapshots_restores_clones_and_budget_changes_of_a_tiered_vm() {
     let doc: serde_json::Value = serde_json::from_str(&json).unwrap();
     let tier = &doc["memory_tier"];
     let n = |k: &str| tier[k].as_u64().unwrap_or_else(|| panic!("no {k}: {json}"));
-    assert!(
-        n("missing_faults") > 0 && n("evicted_compressed") + n("evicted_swap") > 0,
-        "{tier}"
-    );
+    // The restored guest only reads: its pages leave RAM for nothing (the snapshot has them).
+    assert!(n("missing_faults") > 0 && n("evicted_clean") > 0, "{tier}");
     assert!(n("resident_kib") <= 9 << 10, "{tier}");
     let own = doc["vmm_overhead"]["rss_kib"].as_u64().unwrap();
     let limit = (9 << 10) + own + 512;

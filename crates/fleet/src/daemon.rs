@@ -364,7 +364,7 @@ fn tier_memory(t: &MemoryTierInfo) -> TierMemory {
         compressed_pages: t.compressed_pages,
         compressed_kib: t.compressed_kib,
         swap_pages: t.swap_pages,
-        evicted: t.evicted_zero + t.evicted_compressed + t.evicted_swap,
+        evicted: t.evicted_zero + t.evicted_clean + t.evicted_compressed + t.evicted_swap,
         missing_faults: t.missing_faults,
         minor_faults: t.minor_faults,
         service_cpu_us: t.service_cpu_us,

@@ -175,7 +175,8 @@ pub struct TierMemory {
     pub compressed_kib: u64,
     /// Pages in the swap file.
     pub swap_pages: u64,
-    /// Pages that left RAM (zero, compressed and to the swap file).
+    /// Pages that left RAM (zero, clean copies of a restored VM's snapshot, compressed and
+    /// to the swap file).
     pub evicted: u64,
     /// Accesses to pages out of RAM, served by bringing them back.
     pub missing_faults: u64,

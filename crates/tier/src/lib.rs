@@ -24,8 +24,10 @@
 //!
 //! A tier can start over a *base* file (a restored VM's snapshot memory): the RAM file
 //! starts empty and each page that holds data in the base is read from it on its first
-//! access, like a page coming back from the swap file. A restored VM then takes only the
-//! DRAM its guest touches, under the same budget, and nothing writes the base.
+//! access, like a page coming back from the swap file. A page chosen to leave that still
+//! holds the base's bytes leaves for nothing (it is read from the base again), like a
+//! clean page of the page cache. A restored VM then takes only the DRAM its guest touches,
+//! under the same budget, and nothing writes the base.
 //!
 //! This crate knows no KVM and no VMM types: it sees a file, host addresses and a budget.
 
@@ -119,8 +121,12 @@ pub struct TierStats {
     pub compressed_bytes: u64,
     /// Pages in the swap file.
     pub swap_pages: u64,
-    /// Pages still only in the base file (never accessed since the tier started over it).
+    /// Pages whose data is only in the base file: never accessed since the tier started
+    /// over it, or dropped because they still held the base's bytes.
     pub base_pages: u64,
+    /// Pages that left RAM for nothing because they still held the base file's bytes (a
+    /// restored VM's clean pages).
+    pub evicted_clean: u64,
     /// Pages that left the file: zero (kept as nothing), compressed, to the swap file.
     pub evicted_zero: u64,
     /// Pages compressed on eviction.
@@ -144,6 +150,7 @@ pub struct TierStats {
 #[derive(Default)]
 pub(crate) struct Counters {
     evicted_zero: AtomicU64,
+    evicted_clean: AtomicU64,
     evicted_compressed: AtomicU64,
     evicted_swap: AtomicU64,
     demoted: AtomicU64,
@@ -246,6 +253,15 @@ impl Shared {
                 buf,
                 pg as u64 * PAGE,
             ),
+        }
+    }
+
+    /// Whether `data` (page `pg`'s bytes) equals the base file's page there (`scratch`: a
+    /// page-sized buffer). A base that cannot be read counts as different.
+    fn same_as_base(&self, pg: usize, data: &[u8], scratch: &mut [u8]) -> bool {
+        match &self.base {
+            Some(base) => read_base(base, scratch, pg as u64 * PAGE).is_ok() && scratch == data,
+            None => false,
         }
     }
 
@@ -372,6 +388,7 @@ impl Tier {
             swap_pages: st.swap.as_ref().map_or(0, |s| s.len()),
             base_pages: st.base_pages,
             evicted_zero: get(&c.evicted_zero),
+            evicted_clean: get(&c.evicted_clean),
             evicted_compressed: get(&c.evicted_compressed),
             evicted_swap: get(&c.evicted_swap),
             demoted: get(&c.demoted),
@@ -510,7 +527,7 @@ fn mark_base(table: &mut Table, file: &File, base: &File, areas: &[Area]) -> io:
         let end = (a.offset + a.len).min(base_len);
         for (from, to) in data_ranges(base, a.offset, end)? {
             for pg in (from / PAGE) as usize..to.div_ceil(PAGE).min(end.div_ceil(PAGE)) as usize {
-                table.set(pg, Location::Base);
+                table.set_base(pg);
                 marked += 1;
             }
         }

@@ -380,6 +380,14 @@ impl Service {
                     gone[i] = true;
                     continue;
                 }
+                // Still the base's bytes: it can be read from there again.
+                if st.table.in_base(pg) && sh.same_as_base(pg, data, &mut self.page) {
+                    st.table.set(pg, Location::Base);
+                    st.base_pages += 1;
+                    Counters::add(&sh.counters.evicted_clean, 1);
+                    gone[i] = true;
+                    continue;
+                }
                 // The newest evictions are the likeliest to come back: they always go to
                 // the compressed store, whose oldest pages make room (`demote`), as long
                 // as there is somewhere to demote them to.

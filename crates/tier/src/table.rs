@@ -31,6 +31,8 @@ pub(crate) struct Table {
     loc: Vec<u32>,
     armed: Vec<u64>,
     referenced: Vec<u64>,
+    /// Pages with data in the base file (empty without a base).
+    in_base: Vec<u64>,
 }
 
 impl Table {
@@ -40,7 +42,24 @@ impl Table {
             loc: vec![0; pages],
             armed: vec![0; pages.div_ceil(64)],
             referenced: vec![0; pages.div_ceil(64)],
+            in_base: Vec::new(),
         }
+    }
+
+    /// Whether the base file has data at page `pg`.
+    pub fn in_base(&self, pg: usize) -> bool {
+        self.in_base
+            .get(pg / 64)
+            .is_some_and(|w| w & (1 << (pg % 64)) != 0)
+    }
+
+    /// Records that the base file has data at page `pg` (and that the page is there).
+    pub fn set_base(&mut self, pg: usize) {
+        if self.in_base.is_empty() {
+            self.in_base = vec![0; self.loc.len().div_ceil(64)];
+        }
+        set_bit(&mut self.in_base, pg, true);
+        self.set(pg, Location::Base);
     }
 
     /// Number of pages.
@@ -138,5 +157,13 @@ mod tests {
         assert!(t.referenced(64) && !t.referenced(129) && !t.armed(64));
         t.set_referenced(64, false);
         assert!(!t.referenced(64));
+        assert!(!t.in_base(64));
+        t.set_base(64);
+        assert!(t.in_base(64) && !t.in_base(63) && t.get(64) == Location::Base);
+        t.set(64, Location::File);
+        assert!(
+            t.in_base(64),
+            "the base keeps its data whatever the page's location"
+        );
     }
 }

@@ -122,8 +122,10 @@ fn eight_threads_read_a_base_under_a_quarter_budget_and_the_base_stays_intact() 
     let s = region.tier().stats();
     eprintln!("stats: {s:?}, peak resident {} KiB", peak >> 10);
     assert_eq!(bad.load(Ordering::Relaxed), 0, "pages read back wrong");
-    assert_eq!(s.base_pages, 0, "every page was read: {s:?}");
     assert!(s.missing_faults > 0 && s.evicted_compressed > 0, "{s:?}");
+    // Pages only read (odd ones) left for nothing: they are in the base, unchanged.
+    assert!(s.evicted_clean > 0, "{s:?}");
+    assert!(s.base_pages > 0 && s.base_pages <= s.evicted_clean, "{s:?}");
     let slack = (budget / 32).max(MIB);
     assert!(
         peak <= budget + slack,

@@ -55,6 +55,7 @@ pub fn info(s: &TierStats) -> MemoryTierInfo {
         swap_pages: s.swap_pages,
         base_pages: s.base_pages,
         evicted_zero: s.evicted_zero,
+        evicted_clean: s.evicted_clean,
         evicted_compressed: s.evicted_compressed,
         evicted_swap: s.evicted_swap,
         demoted: s.demoted,

@@ -241,8 +241,8 @@ pub fn main(args: VmArgs) -> anyhow::Result<i32> {
             }
             let t = client.memory_tier()?;
             let human = format!(
-                "memory tier: budget {} MiB, resident {} MiB; compressed {} pages in {} KiB, swap file {} pages, {} pages not yet read from the snapshot
-left RAM: {} zero, {} compressed, {} to swap ({} demoted); faults: {} missing, {} minor (cold-page samples), {} prefetched; service CPU {:.1} ms",
+                "memory tier: budget {} MiB, resident {} MiB; compressed {} pages in {} KiB, swap file {} pages, {} pages only in the snapshot (a restore)
+left RAM: {} zero, {} clean (the snapshot has them), {} compressed, {} to swap ({} demoted); faults: {} missing, {} minor (cold-page samples), {} prefetched; service CPU {:.1} ms",
                 t.budget_mib,
                 t.resident_kib >> 10,
                 t.compressed_pages,
@@ -250,6 +250,7 @@ left RAM: {} zero, {} compressed, {} to swap ({} demoted); faults: {} missing, {
                 t.swap_pages,
                 t.base_pages,
                 t.evicted_zero,
+                t.evicted_clean,
                 t.evicted_compressed,
                 t.evicted_swap,
                 t.demoted,
