@@ -113,6 +113,12 @@ pub struct CloneRequest {
     /// `"tap-c{index}"` for taps `tap-c0`, `tap-c1`, ... made beforehand.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub network_overrides: Vec<NetworkOverride>,
+    /// A DRAM budget for each clone's RAM, MiB (`densevm run --memory-budget`, at least 4):
+    /// each clone then keeps its RAM in a file of its own, read from the template on first
+    /// access and kept under the budget, instead of mapping the template copy-on-write
+    /// (docs/tiering.md, "Restores").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_budget_mib: Option<u32>,
 }
 
 /// A network interface of a restored VM or clone put on another tap (Firecracker's

@@ -51,6 +51,20 @@ fn every_route_parses() {
             count: 3,
             snapshot_path: "/t".into(),
             network_overrides: Vec::new(),
+            memory_budget_mib: None,
+        }))
+    );
+    assert_eq!(
+        parse_route(
+            "POST",
+            "/clones",
+            br#"{"count": 1, "snapshot_path": "/t", "memory_budget_mib": 64}"#
+        ),
+        Ok(ApiRequest::CreateClones(CloneRequest {
+            count: 1,
+            snapshot_path: "/t".into(),
+            network_overrides: Vec::new(),
+            memory_budget_mib: Some(64),
         }))
     );
 }

@@ -108,6 +108,7 @@ fn every_helper_round_trips() {
         count: 2,
         snapshot_path: "/snap".into(),
         network_overrides: Vec::new(),
+        memory_budget_mib: Some(32),
     };
     let list = client.create_clones(&clones).unwrap();
     assert_eq!(list.clones.len(), 2);

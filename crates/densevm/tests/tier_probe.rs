@@ -146,14 +146,17 @@ fn snapshots_restores_clones_and_budget_changes_of_a_tiered_vm() {
     let snap = tmp.join("snap");
     vm(&["snapshot", "--dir", snap.to_str().unwrap()], &sock);
 
-    // A clone, while the parent still sleeps: the template gets every page back first; the
-    // clone sums right, and the parent runs on without a tier.
+    // A clone with a budget, while the parent still sleeps: the template gets every page
+    // back first; the clone reads its RAM from the template under its own 8M budget and
+    // sums right, and the parent runs on without a tier.
     let tpl = tmp.join("tpl");
     let out = vm(
         &[
             "clone",
             "--count",
             "1",
+            "--memory-budget",
+            "8M",
             "--json",
             "--dir",
             tpl.to_str().unwrap(),
@@ -162,6 +165,18 @@ fn snapshots_restores_clones_and_budget_changes_of_a_tiered_vm() {
     );
     let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
     let clone_console = doc["clones"][0]["console"].as_str().unwrap().to_string();
+    let clone_sock = std::path::PathBuf::from(doc["clones"][0]["api_sock"].as_str().unwrap());
+    let out = vm(&["memory-tier", "--json"], &clone_sock);
+    let t: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(t["budget_mib"], 8, "the clone's tier: {out}");
+    assert!(
+        t["base_pages"].as_u64().unwrap() > 0,
+        "the clone's tier: {out}"
+    );
+    assert!(
+        t["resident_kib"].as_u64().unwrap() <= 9 << 10,
+        "the clone's tier: {out}"
+    );
     let bad = densevm()
         .args(["vm", "memory-tier", "--api-sock"])
         .arg(&sock)

@@ -48,7 +48,10 @@ pub fn template_hook(
 ) -> TemplateHook {
     let dir = PathBuf::from(&req.snapshot_path);
     let count = req.count;
-    let nets = req.network_overrides.clone();
+    let opts = CloneOpts {
+        nets: req.network_overrides.clone(),
+        memory_budget_mib: req.memory_budget_mib,
+    };
     let writable: Vec<usize> = specs
         .disks
         .iter()
@@ -82,7 +85,7 @@ pub fn template_hook(
         // The clones run before the parent's RAM leaves the file (the VMM does that after
         // this hook): the remap would slow their start, and nothing writes the file while
         // the parent is paused.
-        let starting = start_clones(&dir, count, Some(ram), &nets)
+        let starting = start_clones(&dir, count, Some(ram), &opts)
             .map_err(|e| crate::output::error_chain(&e))?;
         let mut slot = started.lock().unwrap_or_else(|p| p.into_inner());
         slot.insert(starting)
@@ -123,15 +126,24 @@ pub struct Starting {
     pub running: Option<Instant>,
 }
 
+/// How clones are started besides their number and directory.
+#[derive(Debug, Default)]
+pub struct CloneOpts {
+    /// Each clone's network interfaces on taps of its own (`{index}`: the clone's).
+    pub nets: Vec<densevm_api::NetworkOverride>,
+    /// `--memory-budget` for each clone, MiB.
+    pub memory_budget_mib: Option<u32>,
+}
+
 /// Starts `count` `densevm run --restore DIR` processes, each with its API socket, console
 /// socket and console file in DIR ([`Starting::wait`] waits until their vCPUs run). `ram`
 /// is a frozen template's RAM file, inherited by each clone; without it the clones map
-/// DIR/memory. `nets` put each clone's network interfaces on taps of its own.
+/// DIR/memory.
 pub fn start_clones(
     dir: &Path,
     count: u32,
     ram: Option<BorrowedFd<'_>>,
-    nets: &[densevm_api::NetworkOverride],
+    opts: &CloneOpts,
 ) -> anyhow::Result<Starting> {
     let exe = std::env::current_exe()?;
     // Clones started earlier from the same directory keep their numbers and sockets.
@@ -145,7 +157,7 @@ pub fn start_clones(
         running: None,
     };
     for index in first..first + count {
-        if let Err(e) = spawn_one(&exe, dir, index, ram, nets, &mut starting) {
+        if let Err(e) = spawn_one(&exe, dir, index, ram, opts, &mut starting) {
             starting.kill();
             return Err(e);
         }
@@ -162,7 +174,7 @@ fn spawn_one(
     dir: &Path,
     index: u32,
     ram: Option<BorrowedFd<'_>>,
-    nets: &[densevm_api::NetworkOverride],
+    opts: &CloneOpts,
     starting: &mut Starting,
 ) -> anyhow::Result<()> {
     use crate::cmd::launcher::Arg;
@@ -197,7 +209,10 @@ fn spawn_one(
     if let Some(fd) = ram {
         args.extend([lit(&"--ram-fd"), Arg::Fd(fd)]);
     }
-    for o in nets {
+    if let Some(mib) = opts.memory_budget_mib {
+        args.extend([lit(&"--memory-budget"), lit(&format!("{mib}M"))]);
+    }
+    for o in &opts.nets {
         args.extend([
             lit(&"--net-override"),
             lit(&format!("{}={}", o.iface_id, o.for_clone(index))),

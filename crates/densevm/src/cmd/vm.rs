@@ -58,6 +58,10 @@ enum VmCommand {
         /// index, e.g. --net-override net0=tap-c{index} for taps made beforehand.
         #[arg(long, value_name = "IFACE=TAP", value_parser = crate::cmd::devices::parse_net_override)]
         net_override: Vec<densevm_api::NetworkOverride>,
+        /// A DRAM budget for each clone's RAM (e.g. 64M): RAM of its own, read from the
+        /// template on first access, instead of the template mapped copy-on-write.
+        #[arg(long, value_name = "SIZE", value_parser = parse_budget_mib)]
+        memory_budget: Option<u32>,
     },
     /// Show the balloon (GET /balloon: target, the size the guest reached, options), after
     /// setting a new target with --amount-mib (PATCH /balloon). The VM needs
@@ -99,10 +103,21 @@ enum VmCommand {
         /// index, e.g. --net-override net0=tap-c{index} for taps made beforehand.
         #[arg(long, value_name = "IFACE=TAP", value_parser = crate::cmd::devices::parse_net_override)]
         net_override: Vec<densevm_api::NetworkOverride>,
+        /// A DRAM budget for each clone's RAM (e.g. 64M): RAM of its own, read from the
+        /// snapshot on first access, instead of the snapshot mapped copy-on-write.
+        #[arg(long, value_name = "SIZE", value_parser = parse_budget_mib)]
+        memory_budget: Option<u32>,
         /// Print the result as JSON.
         #[arg(long)]
         json: bool,
     },
+}
+
+/// A clone's `--memory-budget SIZE` in MiB (at least the tier's minimum).
+fn parse_budget_mib(text: &str) -> Result<u32, String> {
+    let bytes = densevm_probe::parse_size(text).map_err(|e| format!("{e} (sizes like 64M)"))?;
+    densevm_vmm::tiering::check_budget(bytes)?;
+    u32::try_from(bytes >> 20).map_err(|_| format!("{text} is too large"))
 }
 
 fn on(b: bool) -> &'static str {
@@ -160,6 +175,7 @@ pub fn main(args: VmArgs) -> anyhow::Result<i32> {
             count,
             dir,
             net_override,
+            memory_budget,
         } => {
             let t0 = Instant::now();
             let abs = std::path::absolute(&dir).context("clone directory")?;
@@ -167,6 +183,7 @@ pub fn main(args: VmArgs) -> anyhow::Result<i32> {
                 count,
                 snapshot_path: abs.display().to_string(),
                 network_overrides: net_override,
+                memory_budget_mib: memory_budget,
             })?;
             let ms = t0.elapsed().as_secs_f64() * 1e3;
             let running_ms = list.running_us.map(|us| us as f64 / 1e3);
@@ -265,6 +282,7 @@ left RAM: {} zero, {} clean (the snapshot has them), {} compressed, {} to swap (
             snapshot,
             count,
             net_override,
+            memory_budget,
             json,
         } => {
             if count == 0 || count > densevm_api::types::MAX_CLONES {
@@ -303,8 +321,16 @@ left RAM: {} zero, {} clean (the snapshot has them), {} compressed, {} to swap (
                     p.display()
                 );
             }
-            let clones =
-                crate::cmd::clones::start_clones(&snapshot, count, None, &net_override)?.wait()?;
+            let clones = crate::cmd::clones::start_clones(
+                &snapshot,
+                count,
+                None,
+                &crate::cmd::clones::CloneOpts {
+                    nets: net_override,
+                    memory_budget_mib: memory_budget,
+                },
+            )?
+            .wait()?;
             let ms = t0.elapsed().as_secs_f64() * 1e3;
             let mut human = format!("{} clones running ({ms:.1} ms):", clones.len());
             for c in &clones {
@@ -314,6 +340,25 @@ left RAM: {} zero, {} clean (the snapshot has them), {} compressed, {} to swap (
                 ));
             }
             done(json, json!({"clones": clones, "ms": ms}), human)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_budget_mib;
+
+    #[test]
+    fn clone_budgets_are_sizes_of_at_least_the_tier_minimum() {
+        assert_eq!(parse_budget_mib("64M"), Ok(64));
+        assert_eq!(parse_budget_mib("1G"), Ok(1024));
+        for (bad, says) in [
+            ("2M", "minimum"),
+            ("lots", "sizes like"),
+            ("", "sizes like"),
+        ] {
+            let e = parse_budget_mib(bad).unwrap_err();
+            assert!(e.contains(says), "{bad:?}: {e}");
         }
     }
 }

@@ -85,6 +85,11 @@ pub fn serve(
                 {
                     return ApiResponse::error(400, format!("cannot clone: {why}"));
                 }
+                if let Some(mib) = req.memory_budget_mib {
+                    if let Err(why) = densevm_vmm::tiering::check_budget(u64::from(mib) << 20) {
+                        return ApiResponse::error(400, format!("cannot clone: {why}"));
+                    }
+                }
                 if let Some(d) = specs.disks.iter().find(|d| !d.readonly && !d.pcow) {
                     return ApiResponse::error(
                         400,
