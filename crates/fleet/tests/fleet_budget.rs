@@ -63,7 +63,7 @@ fn tier(budget_mib: u64, resident_mib: u64) -> MemoryTierInfo {
 }
 
 #[test]
-fn a_budget_is_given_at_creation_changed_by_patch_and_refused_where_it_cannot_work() {
+fn a_budget_is_set_at_creation_or_restore_changed_by_patch_and_checked() {
     let t = TestFleet::new(false);
     let vm = t.client.create(&probe("p", 64, Some(32))).unwrap();
     assert_eq!(
@@ -74,7 +74,8 @@ fn a_budget_is_given_at_creation_changed_by_patch_and_refused_where_it_cannot_wo
     let at = args.iter().position(|a| a == "--memory-budget").unwrap();
     assert_eq!(args[at + 1], "32M");
 
-    // A restore cannot have a budget; nor may a budget be under 4 MiB or over the RAM.
+    // A restore gets its budget too (RAM of its own, read from the snapshot); a budget
+    // may not be under 4 MiB or over the RAM.
     let restore = VmCreate {
         id: Some("r".into()),
         restore: Some("/snap".into()),
@@ -82,12 +83,12 @@ fn a_budget_is_given_at_creation_changed_by_patch_and_refused_where_it_cannot_wo
         memory_budget_mib: Some(32),
         ..Default::default()
     };
-    let (status, msg) = api_err(t.client.create(&restore));
-    assert_eq!(status, 400);
-    assert!(
-        msg.contains("restore") && msg.contains("boot the VM"),
-        "{msg}"
-    );
+    let vm = t.client.create(&restore).unwrap();
+    assert_eq!(vm.memory_budget_mib, Some(32));
+    let args = t.fake("r").plan_args;
+    let at = args.iter().position(|a| a == "--memory-budget").unwrap();
+    assert_eq!(args[at + 1], "32M");
+    assert!(args.iter().any(|a| a == "--restore"), "{args:?}");
     for b in [3, 65] {
         let (status, msg) = api_err(t.client.create(&probe("q", 64, Some(b))));
         assert_eq!(status, 400, "{b}");
