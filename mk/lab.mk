@@ -28,7 +28,12 @@ lab: guest
 # repeated once, saying so; a script's own failure is not. (An L1 that stops making progress
 # without a lockup report has been seen in virtio-devices' boot C: once in three CI runs in
 # session 4, once in two in session 5, QEMU busy at 160-180 % CPU or idle at 0-13 %; the same
-# test then passed alone. Its cause is not known: see the issue notes.)
+# test then passed alone. Session 10's CI showed what boot C's guest does then: the L2 kernel
+# took a double fault at entry_SYSCALL_64+0 (a page fault while entering a syscall, on the
+# user stack, CR2 just below RSP) during the 9p writes, panicked in interrupt context and
+# spun, its vCPU thread running in KVM and every densevm worker idle; the retry passed. A
+# guest-side fault under L1's shadow paging (kvm_amd npt=0 on TCG), not a VMM thread hang;
+# its trigger is not known.)
 test-lab: guest test-kernel-real
 	@mkdir -p build/lab/tests; failed=""; for t in $(LAB_TESTS); do \
 	  echo "== lab test $$t"; out=build/lab/tests/$$(basename $$t .sh).out; \
