@@ -46,6 +46,19 @@ fn rss_kib(pid: u32) -> Option<u64> {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
 }
 
+/// Samples `pid`'s VmRSS every 20 ms until it is gone; the thread returns the largest, in
+/// KiB.
+fn peak_rss(pid: u32) -> std::thread::JoinHandle<u64> {
+    std::thread::spawn(move || {
+        let mut peak = 0;
+        while let Some(kib) = rss_kib(pid) {
+            peak = peak.max(kib);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        peak
+    })
+}
+
 #[test]
 fn a_probe_writes_64_mib_under_a_16_mib_budget_and_sums_it_back() {
     require_kvm();
@@ -60,15 +73,7 @@ fn a_probe_writes_64_mib_under_a_16_mib_budget_and_sums_it_back() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let pid = child.id();
-    let sampler = std::thread::spawn(move || {
-        let mut peak = 0;
-        while let Some(kib) = rss_kib(pid) {
-            peak = peak.max(kib);
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        peak
-    });
+    let sampler = peak_rss(child.id());
     let out = child.wait_with_output().unwrap();
     let peak = sampler.join().unwrap();
     let (console, json) = (stderr(&out), stdout(&out));
@@ -203,15 +208,7 @@ fn snapshots_restores_clones_and_budget_changes_of_a_tiered_vm() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let pid = budgeted.id();
-    let sampler = std::thread::spawn(move || {
-        let mut peak = 0;
-        while let Some(kib) = rss_kib(pid) {
-            peak = peak.max(kib);
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        peak
-    });
+    let sampler = peak_rss(budgeted.id());
     let restored = densevm()
         .args(["run", "--timeout", "600", "--restore"])
         .arg(&snap)

@@ -526,7 +526,7 @@ fn mark_base(table: &mut Table, file: &File, base: &File, areas: &[Area]) -> io:
         }
         let end = (a.offset + a.len).min(base_len);
         for (from, to) in data_ranges(base, a.offset, end)? {
-            for pg in (from / PAGE) as usize..to.div_ceil(PAGE).min(end.div_ceil(PAGE)) as usize {
+            for pg in (from / PAGE) as usize..to.div_ceil(PAGE) as usize {
                 table.set_base(pg);
                 marked += 1;
             }

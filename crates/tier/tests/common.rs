@@ -5,6 +5,7 @@
 
 use std::fs::File;
 use std::os::fd::FromRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use densevm_tier::{Area, Tier, TierConfig, PAGE};
@@ -25,6 +26,12 @@ impl Region {
     }
 
     /// A region whose data starts in `base` (read on first access).
+    pub fn with_base(size: u64, budget: u64, base: Arc<File>) -> Region {
+        Region::try_with_base(size, budget, Some(base))
+            .unwrap_or_else(|e| panic!("cannot start a tier (this test needs it): {e}"))
+    }
+
+    /// A region, its data in `base` if given; the tier's error if it does not start.
     pub fn try_with_base(
         size: u64,
         budget: u64,
@@ -125,4 +132,22 @@ pub fn check(page: &[u64], pg: u64, round: u64) -> bool {
     let mut want = vec![0u64; 512];
     fill(&mut want, pg, round);
     page == &want[..]
+}
+
+/// How far over the budget resident RAM may go: the tier's hard slack (1/32 of the
+/// budget, at least 1 MiB), beyond which a faulting thread waits for pages to leave.
+pub fn slack(budget: u64) -> u64 {
+    (budget / 32).max(MIB)
+}
+
+/// Samples the region's resident bytes until `done`; returns the largest.
+pub fn sampler(region: Arc<Region>, done: Arc<AtomicBool>) -> std::thread::JoinHandle<u64> {
+    std::thread::spawn(move || {
+        let mut max = 0;
+        while !done.load(Ordering::Relaxed) {
+            max = max.max(region.tier().stats().resident);
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        max
+    })
 }

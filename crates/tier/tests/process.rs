@@ -6,26 +6,8 @@ mod common;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use common::{check, fill, Region, MIB};
+use common::{check, fill, sampler, slack, Region, MIB};
 use densevm_tier::PAGE;
-
-/// How far over the budget resident RAM may go: the tier's hard slack (1/32 of the
-/// budget, at least 1 MiB), beyond which a faulting thread waits for pages to leave.
-fn slack(budget: u64) -> u64 {
-    (budget / 32).max(MIB)
-}
-
-/// Samples the region's resident bytes until `done`; returns the largest.
-fn sampler(region: Arc<Region>, done: Arc<AtomicBool>) -> std::thread::JoinHandle<u64> {
-    std::thread::spawn(move || {
-        let mut max = 0;
-        while !done.load(Ordering::Relaxed) {
-            max = max.max(region.tier().stats().resident);
-            std::thread::sleep(std::time::Duration::from_millis(2));
-        }
-        max
-    })
-}
 
 #[test]
 fn eight_threads_keep_their_data_with_a_quarter_budget() {

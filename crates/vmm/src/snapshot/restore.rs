@@ -149,17 +149,17 @@ pub fn build_restored(
     // With a budget, RAM regions map a memfd of the VM's own, filled from `file` by the tier
     // (boot-image windows stay private over `file`: the tier does not serve them).
     let own = match &source.memory_budget {
-        Some(_) => {
-            Some(Arc::new(create_ram_file(len).map_err(|e| {
-                bad(&dir, format!("cannot create its RAM file: {e}"))
-            })?))
+        Some(settings) => {
+            let own = create_ram_file(len)
+                .map_err(|e| bad(&dir, format!("cannot create its RAM file: {e}")))?;
+            Some((Arc::new(own), settings))
         }
         None => None,
     };
     let mut specs = Vec::with_capacity(state.regions.len());
     for r in state.regions.iter().filter(|r| !r.external) {
         let (backing, shared) = match &own {
-            Some(own) if is_ram(&r.name) => (own.clone(), true),
+            Some((own, _)) if is_ram(&r.name) => (own.clone(), true),
             _ => (file.clone(), false),
         };
         specs.push(RegionSpec {
@@ -177,15 +177,15 @@ pub fn build_restored(
     let memory = GuestMemory::new(specs)?;
     let parts = crate::external::attach(&external, &placed, &memory, state.linux);
     let mut devices: Vec<_> = parts.devices.into_iter().chain(devices).collect();
-    let ram_file = match (own, &source.memory_budget) {
-        (Some(own), Some(settings)) => {
+    let ram_file = match own {
+        Some((own, settings)) => {
             // The tier serves RAM from here on, before anything reads or writes it.
             let mut ram_file = RamFile::new(Some(own), true);
             crate::tiering::start(&memory, &mut ram_file, settings, Some(file.clone()))?;
             trace.mark("tier_started");
             ram_file
         }
-        _ => {
+        None => {
             // The RAM is private over the memory file (or template): a balloon release maps
             // zeros over the range and remembers it (`RamFile::discard`).
             // Writes into the file's holes go to anonymous memory, not into the file and
