@@ -509,13 +509,15 @@ fn child(o: &Opts, mode: &str) {
     if let (Some(a), Some(b)) = (s0.tier, s1.tier) {
         let d = |f: fn(&TierStats) -> u64| f(&b).saturating_sub(f(&a));
         line += &format!(
-            " budget={} tier_resident={} tier_compressed_bytes={} tier_compressed_pages={} \
+            " budget={} tier_resident={} tier_compressed_bytes={} tier_compressed_data={} \
+             tier_compressed_pages={} \
              tier_swap_pages={} missing_faults={} minor_faults={} prefetched={} armed={} \
              evicted_zero={} evicted_compressed={} evicted_swap={} demoted={} \
              service_ns_per_op={:.1}",
             b.budget,
             b.resident,
             b.compressed_bytes,
+            b.compressed_data_bytes,
             b.compressed_pages,
             b.swap_pages,
             d(|s| s.missing_faults),

@@ -119,6 +119,8 @@ pub struct TierStats {
     /// The heap the compressed store takes: each page's malloc chunk and bookkeeping
     /// (what the budget counts; a little more than the compressed bytes).
     pub compressed_bytes: u64,
+    /// The compressed bytes of those pages (the sum of their compressed lengths).
+    pub compressed_data_bytes: u64,
     /// Pages in the swap file.
     pub swap_pages: u64,
     /// Pages whose data is only in the base file: never accessed since the tier started
@@ -385,6 +387,7 @@ impl Tier {
             resident: self.shared.resident(),
             compressed_pages: st.compressed.len() as u64,
             compressed_bytes: st.compressed.bytes(),
+            compressed_data_bytes: st.compressed.data_bytes(),
             swap_pages: st.swap.as_ref().map_or(0, |s| s.len()),
             base_pages: st.base_pages,
             evicted_zero: get(&c.evicted_zero),

@@ -48,6 +48,8 @@ pub(crate) struct Compressed {
     free: Vec<u32>,
     /// The heap the stored pages take ([`heap_cost`]), which the budget counts.
     bytes: u64,
+    /// The compressed bytes held (the sum of the pages' compressed lengths).
+    data: u64,
     /// (slot, page) in the order they were stored; entries whose slot was freed or
     /// reused are skipped when popped.
     order: VecDeque<(u32, u32)>,
@@ -75,6 +77,7 @@ impl Compressed {
     /// Stores compressed bytes for `page`; returns the slot.
     pub fn insert(&mut self, page: u32, data: Box<[u8]>) -> u32 {
         self.bytes += heap_cost(&data);
+        self.data += data.len() as u64;
         let slot = match self.free.pop() {
             Some(s) => {
                 self.slots[s as usize] = Some(data);
@@ -111,6 +114,7 @@ impl Compressed {
     pub fn remove(&mut self, slot: u32) {
         if let Some(data) = self.slots.get_mut(slot as usize).and_then(Option::take) {
             self.bytes -= heap_cost(&data);
+            self.data -= data.len() as u64;
             self.free.push(slot);
         }
         // Compact the order queue when most of it is stale.
@@ -135,6 +139,11 @@ impl Compressed {
     /// compressed bytes): what the budget counts.
     pub fn bytes(&self) -> u64 {
         self.bytes
+    }
+
+    /// The compressed bytes held: what [`Compressed::bytes`] costs them.
+    pub fn data_bytes(&self) -> u64 {
+        self.data
     }
 
     /// Pages held.
