@@ -32,6 +32,7 @@
 //! This crate knows no KVM and no VMM types: it sees a file, host addresses and a budget.
 
 mod service;
+mod slab;
 mod store;
 mod table;
 
@@ -116,8 +117,9 @@ pub struct TierStats {
     pub resident: u64,
     /// Pages in the compressed store and the bytes they take.
     pub compressed_pages: u64,
-    /// The heap the compressed store takes: each page's malloc chunk and bookkeeping
-    /// (what the budget counts; a little more than the compressed bytes).
+    /// The memory the compressed store holds: its slab's arenas (objects, free places,
+    /// tails) and its tables (what the budget counts; a little more than the compressed
+    /// bytes).
     pub compressed_bytes: u64,
     /// The compressed bytes of those pages (the sum of their compressed lengths).
     pub compressed_data_bytes: u64,

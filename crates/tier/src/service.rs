@@ -40,6 +40,7 @@ pub(crate) fn run(sh: Arc<Shared>) {
         buf: vec![0u8; EVICT_BATCH * PAGE as usize],
         last_arm: Instant::now(),
         swap_error: false,
+        store_error: false,
     };
     let (mut busy, mut served) = (false, false);
     while !sh.stop.load(Ordering::Relaxed) {
@@ -125,6 +126,8 @@ struct Service {
     buf: Vec<u8>,
     last_arm: Instant,
     swap_error: bool,
+    /// The compressed store failed an insert (warned once).
+    store_error: bool,
 }
 
 impl Service {
@@ -395,11 +398,20 @@ impl Service {
                     if let Some(c) = Compressed::compress(data) {
                         let fits = st.compressed.bytes() + c.len() as u64 <= cmax;
                         if fits || !self.swap_error {
-                            let slot = st.compressed.insert(pg as u32, c);
-                            st.table.set(pg, Location::Compressed(slot));
-                            Counters::add(&sh.counters.evicted_compressed, 1);
-                            gone[i] = true;
-                            continue;
+                            match st.compressed.insert(pg as u32, &c) {
+                                Ok(slot) => {
+                                    st.table.set(pg, Location::Compressed(slot));
+                                    Counters::add(&sh.counters.evicted_compressed, 1);
+                                    gone[i] = true;
+                                    continue;
+                                }
+                                // No memory for the slab: the page goes to the file.
+                                Err(e) if !self.store_error => {
+                                    self.store_error = true;
+                                    tracing::warn!("memory tier: compressed store: {e}");
+                                }
+                                Err(_) => {}
+                            }
                         }
                     }
                 }
