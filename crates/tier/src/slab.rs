@@ -3,10 +3,10 @@
 //! class of its size rounded up to [`GRAIN`] bytes; each class carves fixed-size objects out
 //! of its own arenas, anonymous private mappings of 8 to 16 pages sized so that the tail
 //! past the last object is at most 1/64 of the arena. An arena that empties is unmapped at
-//! once, and a class whose objects fill less than 3/4 of its arenas (one arena aside) is
+//! once, and a class whose objects fill less than 7/8 of its arenas (one arena aside) is
 //! compacted: the objects of its sparsest arena move to free places in the fullest ones and
 //! the emptied arena is unmapped. So the arenas a class holds stay within
-//! `live objects / (3/4 × objects per arena) + 1`, and what the store holds is what it
+//! `live objects / (7/8 × objects per arena) + 1`, and what the store holds is what it
 //! counts ([`Slab::held`] plus [`Slab::bookkeeping`]).
 //!
 //! Objects are named by a slot id that stays the same while the object lives, wherever
@@ -29,6 +29,9 @@ pub(crate) const CLASSES: usize = COMPRESS_LIMIT / GRAIN;
 const GROUPS: usize = 8;
 /// The end of an arena list.
 const NIL: u32 = u32::MAX;
+/// A class is compacted when its objects fill less than this share of its arenas, one
+/// arena aside.
+pub(crate) const FILL: (usize, usize) = (15, 16);
 /// In `owners`: the place is free; the low bits are the next free place of the arena.
 const FREE: u32 = 1 << 31;
 /// Slot ids stay below this (the page table stores a slot + 1 in 31 bits).
@@ -291,14 +294,16 @@ impl Class {
         }
     }
 
-    /// Whether the class's arenas exceed the bound: `live / (3/4 × per) + 1`.
+    /// Whether the class's arenas exceed the bound: `live / (FILL × per) + 1`. (Each
+    /// compaction moves at most an average arena's objects and is due again only after as
+    /// many removals: about one object moved per removal at most, whatever `FILL`.)
     fn over(&self) -> bool {
-        self.mapped > 1 && 4 * self.live < 3 * (self.mapped - 1) * self.per
+        self.mapped > 1 && FILL.1 * self.live < FILL.0 * (self.mapped - 1) * self.per
     }
 
     /// Empties the sparsest arena into the fullest others and unmaps it (`slots` learn
     /// where their objects went). Returns false if it could not.
-    fn compact_one(&mut self, slots: &mut [Slot]) -> bool {
+    fn compact_one(&mut self, slots: &mut [Slot], moved: &mut u64) -> bool {
         let Some(src) = self.sparsest() else {
             return false;
         };
@@ -327,6 +332,7 @@ impl Class {
                     .copy_from_slice(&from.bytes()[index * size..index * size + len]);
             }
             (s.arena, s.index) = (dst, to);
+            *moved += 1;
             // Free the old place; unmaps the arena with its last object.
             let ar = &mut self.arenas[src as usize];
             self.owners[base + index] = FREE | u32::from(ar.free);
@@ -363,6 +369,8 @@ pub(crate) struct Slab {
     free_slots: Vec<u32>,
     live: usize,
     data: u64,
+    /// Objects moved by compaction, ever.
+    moved: u64,
 }
 
 impl Default for Slab {
@@ -373,6 +381,7 @@ impl Default for Slab {
             free_slots: Vec::new(),
             live: 0,
             data: 0,
+            moved: 0,
         }
     }
 }
@@ -454,7 +463,7 @@ impl Slab {
         class.give_back(entry.arena, entry.index);
         // One removal can break the bound by at most one arena: a few steps restore it.
         for _ in 0..4 {
-            if !class.over() || !class.compact_one(&mut self.slots) {
+            if !class.over() || !class.compact_one(&mut self.slots, &mut self.moved) {
                 break;
             }
         }
@@ -576,7 +585,7 @@ mod tests {
             slab.data_bytes(),
             model.iter().map(|m| m.2.len() as u64).sum::<u64>()
         );
-        // The bound, per class: arenas <= live / (3/4 of an arena's objects) + 1.
+        // The bound, per class: arenas <= live / (FILL of an arena's objects) + 1.
         for (i, c) in slab.classes.iter().enumerate() {
             let live = model
                 .iter()
@@ -584,7 +593,7 @@ mod tests {
                 .count();
             let arenas = arenas.iter().filter(|a| usize::from(a.0) == i).count();
             assert!(
-                arenas <= 1 || 4 * live >= 3 * (arenas - 1) * c.per,
+                arenas <= 1 || FILL.1 * live >= FILL.0 * (arenas - 1) * c.per,
                 "class {}: {arenas} arenas of {} for {live} objects",
                 c.size,
                 c.per
@@ -599,7 +608,7 @@ mod tests {
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
         let mut slab = Slab::default();
         let mut model: Vec<(u32, u32, Vec<u8>)> = Vec::new();
-        let mut tag = 0u32;
+        let (mut tag, mut removes) = (0u32, 0u64);
         // (ops, percent of them that insert)
         for (round, &(ops, inserts)) in [(6000, 80), (5000, 15), (6000, 50), (4000, 70), (6000, 10)]
             .iter()
@@ -620,6 +629,7 @@ mod tests {
                     let (slot, _, _) = model.swap_remove(rng.below(model.len()));
                     assert!(slab.remove(slot));
                     assert!(slab.get(slot).is_none());
+                    removes += 1;
                 }
                 if op % 500 == 0 {
                     check(&slab, &model);
@@ -628,7 +638,7 @@ mod tests {
             check(&slab, &model);
             if round == 4 {
                 // Most objects are gone: the arenas stay within the bound, stated in bytes:
-                // held <= the live objects' class-size places / (3/4), plus the arenas'
+                // held <= the live objects' class-size places / FILL, plus the arenas'
                 // tails (at most 1/64), plus one arena per class in use.
                 assert!(model.len() < 2000, "{} left", model.len());
                 let places: usize = model
@@ -639,7 +649,7 @@ mod tests {
                     .iter()
                     .map(|m| m.2.len().saturating_sub(1) / GRAIN)
                     .collect();
-                let bound = places as f64 / 0.75 * 64.0 / 63.0
+                let bound = places as f64 * FILL.1 as f64 / FILL.0 as f64 * 64.0 / 63.0
                     + classes
                         .iter()
                         .map(|&c| arena_len((c + 1) * GRAIN))
@@ -651,6 +661,12 @@ mod tests {
                 );
             }
         }
+        // Compaction happened, at about one object moved per removal at most.
+        assert!(
+            slab.moved > 0 && slab.moved <= 2 * removes,
+            "{} moved for {removes} removals",
+            slab.moved
+        );
         for (slot, _, _) in model.drain(..) {
             assert!(slab.remove(slot));
         }
@@ -687,10 +703,10 @@ mod tests {
             }
         }
         check(&slab, &kept);
-        // 4 arenas' worth of objects: at most 4 / (3/4) + 1 arenas.
+        // 4 arenas' worth of objects: at most 4 / FILL + 1 arenas (5 for 7/8).
         let c = &slab.classes[1300 / GRAIN];
         assert!(
-            c.mapped <= 6,
+            c.mapped <= 4 * FILL.1 / FILL.0 + 1,
             "{} arenas for {} objects of {per} an arena",
             c.mapped,
             c.live
