@@ -20,7 +20,8 @@
 //! nothing.
 //!
 //! The tier is a cache of guest RAM, never of data that must outlive the process: the
-//! swap file is unlinked from birth and the compressed store is heap memory.
+//! swap file is unlinked from birth and the compressed store is anonymous memory of the
+//! process (a slab of size classes, `slab.rs`).
 //!
 //! A tier can start over a *base* file (a restored VM's snapshot memory): the RAM file
 //! starts empty and each page that holds data in the base is read from it on its first
