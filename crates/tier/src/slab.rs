@@ -3,10 +3,10 @@
 //! class of its size rounded up to [`GRAIN`] bytes; each class carves fixed-size objects out
 //! of its own arenas, anonymous private mappings of 8 to 16 pages sized so that the tail
 //! past the last object is at most 1/64 of the arena. An arena that empties is unmapped at
-//! once, and a class whose objects fill less than 7/8 of its arenas (one arena aside) is
-//! compacted: the objects of its sparsest arena move to free places in the fullest ones and
-//! the emptied arena is unmapped. So the arenas a class holds stay within
-//! `live objects / (7/8 × objects per arena) + 1`, and what the store holds is what it
+//! once, and a class whose objects fill less than [`FILL`] (15/16) of its arenas (one arena
+//! aside) is compacted: the objects of its sparsest arena move to free places in the
+//! fullest ones and the emptied arena is unmapped. So the arenas a class holds stay within
+//! `live objects / (15/16 × objects per arena) + 1`, and what the store holds is what it
 //! counts ([`Slab::held`] plus [`Slab::bookkeeping`]).
 //!
 //! Objects are named by a slot id that stays the same while the object lives, wherever
@@ -703,7 +703,7 @@ mod tests {
             }
         }
         check(&slab, &kept);
-        // 4 arenas' worth of objects: at most 4 / FILL + 1 arenas (5 for 7/8).
+        // 4 arenas' worth of objects: at most 4 / FILL + 1 arenas (5 for 15/16).
         let c = &slab.classes[1300 / GRAIN];
         assert!(
             c.mapped <= 4 * FILL.1 / FILL.0 + 1,
