@@ -30,6 +30,8 @@ const BASE: u32 = u32::MAX;
 pub(crate) struct Table {
     loc: Vec<u32>,
     armed: Vec<u64>,
+    /// How many pages are armed.
+    armed_count: usize,
     referenced: Vec<u64>,
     /// Pages with data in the base file (empty without a base).
     in_base: Vec<u64>,
@@ -41,6 +43,7 @@ impl Table {
         Table {
             loc: vec![0; pages],
             armed: vec![0; pages.div_ceil(64)],
+            armed_count: 0,
             referenced: vec![0; pages.div_ceil(64)],
             in_base: Vec::new(),
         }
@@ -100,7 +103,19 @@ impl Table {
 
     /// Arms or disarms page `pg`.
     pub fn set_armed(&mut self, pg: usize, on: bool) {
-        set_bit(&mut self.armed, pg, on);
+        if self.armed(pg) != on {
+            set_bit(&mut self.armed, pg, on);
+            if on {
+                self.armed_count += 1;
+            } else {
+                self.armed_count -= 1;
+            }
+        }
+    }
+
+    /// How many pages are armed.
+    pub fn armed_count(&self) -> usize {
+        self.armed_count
     }
 
     /// Whether an access to page `pg` was seen since the hand last passed it.
@@ -151,8 +166,12 @@ mod tests {
         t.set_armed(64, true);
         t.set_armed(129, true);
         assert!(t.armed(64) && t.armed(129) && !t.armed(63) && !t.armed(65));
+        t.set_armed(129, true);
+        assert_eq!(t.armed_count(), 2);
+        t.set_armed(64, false);
         t.set_armed(64, false);
         assert!(!t.armed(64) && t.armed(129));
+        assert_eq!(t.armed_count(), 1);
         t.set_referenced(64, true);
         assert!(t.referenced(64) && !t.referenced(129) && !t.armed(64));
         t.set_referenced(64, false);
