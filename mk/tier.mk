@@ -18,3 +18,17 @@ BENCH_TARGETS += bench-tier
 bench-restore-budget: build
 	scripts/bench-restore-budget.sh $(abspath $(or $(CARGO_TARGET_DIR),target))/release/densevm
 BENCH_TARGETS += bench-restore-budget
+
+#   make bench-redis-tier   Redis inside a Debian L2 guest (nested lab): a zipfian YCSB-B
+#                     client (lab/guest/kvzipf.c) at DRAM = 1/1..1/4 of the guest's working
+#                     set, under densevm's tier and under L1's kernel (cgroup v2 memory.high,
+#                     zram) in the same L1 run; knobs BENCH_REDIS_* (lab/bench/redis-tier.sh).
+#                     Results in build/lab/redis-tier.txt.
+.PHONY: bench-redis-tier
+bench-redis-tier: guest
+	lab/guest/build-redis.sh
+	@mkdir -p build/lab
+	DENSEVM=$(LAB_DENSEVM) LAB_EXTRA=build/guest/initrd-redis.cpio.gz LAB_TIMEOUT=$${LAB_TIMEOUT:-3000} \
+	  lab/run lab/bench/redis-tier.sh > build/lab/redis-tier.txt; \
+	  status=$$?; cat build/lab/redis-tier.txt; exit $$status
+BENCH_TARGETS += bench-redis-tier

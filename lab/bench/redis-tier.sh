@@ -1,0 +1,192 @@
+#!/bin/sh
+# Redis inside the L2 guest under a DRAM budget (issue #13's Redis-in-guest benchmark), run
+# in L1 by `make bench-redis-tier` (lab/run lab/bench/redis-tier.sh with the initrd of
+# lab/guest/build-redis.sh in LAB_EXTRA). One L1 boot, three L2 VMs one after the other
+# (BENCH_REDIS_MODES), each `densevm run` of the Debian kernel with $BENCH_REDIS_MEM of RAM,
+# 1 vCPU, vsock + agent:
+#   tier     --memory-budget: densevm's tier (LZ4 store + swap file in L1's /tmp)
+#   kernel   no budget; the VMM runs in a cgroup v2 whose memory.high L1's kernel enforces,
+#            with zram (lz4) as L1's swap and vm.page-cluster 0: the kernel's answer
+#   tier-eq  the tier again, its budget in each window the DRAM the kernel's guest RAM
+#            used in the same window (zram is not charged to the cgroup, so the kernel's
+#            share is more DRAM than the tier's)
+# In each, L1 runs through `densevm exec`: `kvzipf load` (BENCH_REDIS_KEYS keys of
+# BENCH_REDIS_VLEN bytes into redis-server), then for each DRAM share 1/1, 1/2, 1/3, 1/4 and
+# 1/1 again: set the share, `kvzipf run` (YCSB-B, zipfian theta 0.99; BENCH_REDIS_WARMUP s of
+# warm-up, BENCH_REDIS_SECS s measured; every GET compared with what its key's last SET
+# wrote), then `kvzipf check` (every key). The share is of the working set WS: the guest RAM
+# the tier VM holds resident after the load (its GET /memory-tier). tier: budget = share x
+# WS (1/1: the whole RAM, so the tier does nothing). kernel: memory.high = share x WS + the
+# cgroup's other charge (memory.current after the load minus guest RAM resident: the mapped
+# kernel and initrd, the VMM, KVM's page tables; 1/1: no limit).
+# "DRAM" columns hold guest RAM only: tier = resident + compressed store (what the budget
+# counts); kernel = memory.current + zram's mem_used_total - the other charge after the load.
+# Lines "REDISTIER ..." are the raw results; a table follows. Times are TCG-distorted: read
+# each mode against its own all-DRAM windows, and the two modes against each other.
+. "$LAB_SRC/lib/test-lib.sh"
+need_l2_densevm
+need_cmd awk
+INITRD=$LAB_EXTRA/initrd-redis.cpio.gz
+need_file "$INITRD"
+KEYS=${BENCH_REDIS_KEYS:-131072}
+VLEN=${BENCH_REDIS_VLEN:-1000}
+MEM=${BENCH_REDIS_MEM:-512M}
+WARM=${BENCH_REDIS_WARMUP:-20}
+SECS=${BENCH_REDIS_SECS:-30}
+MODES=${BENCH_REDIS_MODES:-tier kernel tier-eq}
+SHARES=${BENCH_REDIS_SHARES:-1/1 1/2 1/3 1/4}
+W=/tmp/redis-tier
+tmpfs_workdir "$W"
+echo "# redis-tier: $(date -u +%Y-%m-%dT%H:%MZ), L1 $(nproc) vCPUs, L2 $MEM, $KEYS keys x $VLEN B, windows ${WARM}+${SECS} s, modes: $MODES"
+
+GUEST='ip link set lo up
+redis-server --bind 127.0.0.1 --port 6379 --save "" --appendonly no --protected-mode no --daemonize no > /tmp/redis.log 2>&1 &
+echo DENSEVM-REDIS-STARTED'
+GUEST_B64=$(printf '%s\n' "$GUEST" | base64 | tr -d '\n')
+cg=/sys/fs/cgroup/densevm-redis
+vm=
+cleanup() {
+  [ -n "$vm" ] && kill -9 "$vm" 2> /dev/null
+  swapoff /dev/zram0 2> /dev/null
+  rmdir "$cg" 2> /dev/null
+}
+trap cleanup EXIT
+
+# start_vm MODE: boots the VM (kernel mode: in the cgroup) and waits for Redis.
+start_vm() {
+  rm -f "$W"/*.sock
+  budget=
+  [ "$1" != kernel ] && budget="--memory-budget $MEM"
+  # The kernel mode's VMM joins the cgroup before it allocates anything.
+  join=:
+  [ "$1" = kernel ] && join="echo \$\$ > $cg/cgroup.procs"
+  sh -c "$join && exec densevm run --kernel $GUEST_VMLINUX --initrd $INITRD --memory $MEM \
+    --vsock cid=3,uds=$W/v.sock --api-sock $W/api.sock $budget --report-json $W/$1.json \
+    --cmdline 'console=ttyS0 panic=-1 quiet densevm.agent hold densevm.script=$GUEST_B64'" > "$W/$1.log" 2>&1 &
+  vm=$!
+  wait_for_line_pid "$W/$1.log" DENSEVM-REDIS-STARTED 300 "$vm" || { tail -n 20 "$W/$1.log"; fail "$1: the guest did not start Redis"; }
+  X="densevm exec --api-sock $W/api.sock --wait 120 --no-stdin --"
+  # Redis listens a moment after it starts: retry the load's connection.
+  i=0
+  until $X kvzipf load "$KEYS" "$VLEN" > "$W/load.out" 2>&1; do
+    i=$((i + 1))
+    [ $i -lt 30 ] && grep -q connect "$W/load.out" || { cat "$W/load.out"; fail "$1: kvzipf load"; }
+    sleep 1
+  done
+  echo "$1: $(cat "$W/load.out")"
+}
+
+# tier_n KEY: a counter from GET /memory-tier.
+tier_n() {
+  densevm vm memory-tier --api-sock "$W/api.sock" --json > "$W/t.json" || fail "GET /memory-tier"
+  json_number "$W/t.json" "$1"
+}
+# cg_n FILE KEY: a field of a cgroup's flat-keyed FILE.
+cg_n() { awk -v k="$2" '$1 == k { print $2 }' "$cg/$1"; }
+zram_used() { awk '{ print $3 }' /sys/block/zram0/mm_stat 2> /dev/null || echo 0; }
+vmm_rss_kib() { awk '$1 == "Rss:" { print $2 }' "/proc/$vm/smaps_rollup"; }
+# ram_kib: guest RAM resident in the VMM (its memfd densevm-ram mappings).
+ram_kib() { awk '/^[0-9a-f]+-[0-9a-f]+ / { r = / densevm-ram / || /memfd:densevm-ram/ } r && $1 == "Rss:" { s += $2 } END { print s + 0 }' "/proc/$vm/smaps"; }
+
+ws_kib=${BENCH_REDIS_WS_KIB:-}
+for mode in $MODES; do
+  case "$mode" in
+    tier) ;;
+    tier-eq) [ -s "$W/kdram.2" ] || fail "tier-eq needs the kernel mode's DRAM figures first" ;;
+    kernel)
+      [ -n "$ws_kib" ] || fail "the kernel mode needs WS from the tier mode first (or BENCH_REDIS_WS_KIB)"
+      [ -e /sys/fs/cgroup/cgroup.controllers ] || mount -t cgroup2 none /sys/fs/cgroup || fail "cannot mount cgroup2"
+      echo +memory > /sys/fs/cgroup/cgroup.subtree_control || fail "no memory controller"
+      mkdir -p "$cg"
+      [ -e /sys/block/zram0 ] || fail "no /dev/zram0 (zram module, lab/l1/modules.txt)"
+      echo lz4 > /sys/block/zram0/comp_algorithm || echo "# zram: no lz4, $(cat /sys/block/zram0/comp_algorithm)"
+      echo 2G > /sys/block/zram0/disksize || fail "zram disksize"
+      mkswap /dev/zram0 > /dev/null && swapon /dev/zram0 || fail "swapon /dev/zram0"
+      echo 0 > /proc/sys/vm/page-cluster
+      ;;
+    *) fail "unknown mode $mode (tier, kernel, tier-eq)" ;;
+  esac
+  t0=$(uptime_s)
+  start_vm "$mode"
+  echo "$mode: up and loaded in $(awk -v a="$t0" -v b="$(uptime_s)" 'BEGIN { printf "%.0f", b - a }') s"
+  if [ "$mode" = tier ]; then
+    ws_kib=$(tier_n resident_kib)
+    echo "REDISTIER-WS ws_kib=$ws_kib vmm_rss_kib=$(vmm_rss_kib) guest_ram_rss_kib=$(ram_kib)"
+  elif [ "$mode" = kernel ]; then
+    # The cgroup's charge besides guest RAM: the mapped kernel and initrd, the VMM's own
+    # memory, KVM's shadow page tables. memory.high = share x WS + this.
+    cur=$(($(cat "$cg/memory.current") / 1024)) ram=$(ram_kib)
+    other=$((cur - ram))
+    echo "kernel: after the load memory.current $cur KiB, guest RAM resident $ram KiB (WS $ws_kib KiB from the tier VM), other charge $other KiB"
+    echo "kernel: memory.stat: $(awk '$1 ~ /^(anon|file|kernel|shmem|file_mapped|sec_pagetables|pagetables|slab)$/ { printf "%s %d MiB, ", $1, $2 / 1048576 }' "$cg/memory.stat")"
+    echo "kernel: the VMM's mappings over 1 MiB resident: $(awk '/^[0-9a-f]+-[0-9a-f]+ / { n = $6 } $1 == "Rss:" && $2 > 1024 { printf "%s %d KiB, ", n, $2 }' "/proc/$vm/smaps")"
+  fi
+  seed=1 win=0
+  for share in $SHARES; do
+    win=$((win + 1))
+    num=${share%/*} den=${share#*/}
+    if [ "$share" = 1/1 ]; then
+      if [ "$mode" != kernel ]; then
+        densevm vm memory-tier --api-sock "$W/api.sock" --budget "$MEM" > /dev/null || fail "PATCH budget"
+      else
+        echo max > "$cg/memory.high"
+      fi
+      limit_kib=-
+    else
+      limit_kib=$((ws_kib * num / den))
+      # tier-eq: the DRAM the kernel's guest RAM used in the same window (resident + zram).
+      [ "$mode" = tier-eq ] && limit_kib=$(cat "$W/kdram.$win")
+      if [ "$mode" != kernel ]; then
+        densevm vm memory-tier --api-sock "$W/api.sock" --budget "$((limit_kib / 1024))M" > /dev/null || fail "PATCH budget"
+      else
+        echo $(((limit_kib + other) * 1024)) > "$cg/memory.high" || fail "memory.high"
+      fi
+    fi
+    if [ "$mode" != kernel ]; then
+      m0=$(tier_n missing_faults) n0=$(tier_n minor_faults) c0=$(tier_n service_cpu_us)
+    else
+      s0=$(awk '$1 == "pswpin" { print $2 }' /proc/vmstat)
+    fi
+    u0=$(awk '{ print $14 + $15 }' "/proc/$vm/stat")
+    $X kvzipf run "$KEYS" "$VLEN" "$WARM" "$SECS" "$seed" > "$W/run.out" 2>&1 || { cat "$W/run.out"; fail "$mode $share: kvzipf run"; }
+    u1=$(awk '{ print $14 + $15 }' "/proc/$vm/stat")
+    ops=$(sed -n 's/.*ops_per_s=\([0-9.]*\).*/\1/p' "$W/run.out")
+    n=$(sed -n 's/.* ops=\([0-9]*\).*/\1/p' "$W/run.out")
+    if [ "$mode" != kernel ]; then
+      res=$(tier_n resident_kib) comp=$(tier_n compressed_kib)
+      dram=$((res + comp))
+      faults="missing=$(($(tier_n missing_faults) - m0)) minor=$(($(tier_n minor_faults) - n0)) svc_cpu_ms=$((($(tier_n service_cpu_us) - c0) / 1000)) swap_pages=$(tier_n swap_pages)"
+    else
+      # Everything the cgroup holds plus zram, less what it held besides guest RAM after the
+      # load: the kernel may swap the VMM's other pages too (the guest's copy-on-write
+      # kernel image pages), which the tier never takes.
+      dram=$(($(cat "$cg/memory.current") / 1024 + $(zram_used) / 1024 - other))
+      echo "$dram" > "$W/kdram.$win"
+      faults="swapins=$(($(awk '$1 == "pswpin" { print $2 }' /proc/vmstat) - s0)) zram_kib=$(($(zram_used) / 1024)) memory_current_kib=$(($(cat "$cg/memory.current") / 1024)) guest_ram_rss_kib=$(ram_kib)"
+    fi
+    echo "REDISTIER mode=$mode share=$share limit_kib=$limit_kib ops_per_s=$ops ops=$n dram_kib=$dram vmm_cpu_ticks=$((u1 - u0)) $faults" | tee -a "$W/results.txt"
+    seed=$((seed + 1))
+  done
+  $X kvzipf check "$KEYS" "$VLEN" > "$W/check.out" 2>&1 || { cat "$W/check.out"; fail "$mode: kvzipf check (data lost or wrong)"; }
+  echo "$mode: $(cat "$W/check.out")"
+  [ "$mode" != kernel ] && { tr -d '\n' < "$W/t.json"; echo; }
+  kill -9 "$vm"; wait "$vm" 2> /dev/null; vm=
+done
+
+# The table: each window against its mode's 1/1 window(s).
+echo
+echo "| mode | DRAM share | ops/s | vs all-DRAM | DRAM used (of WS) | faults in the window |"
+echo "|---|---|---:|---:|---:|---|"
+awk -v ws="$ws_kib" '
+  /^REDISTIER mode=/ {
+    for (i = 2; i <= NF; i++) { split($i, kv, "="); f[kv[1]] = kv[2] }
+    n++; mode[n] = f["mode"]; share[n] = f["share"]; ops[n] = f["ops_per_s"]; dram[n] = f["dram_kib"]
+    rest = ""; for (i = 8; i <= NF; i++) rest = rest " " $i; extra[n] = rest
+    if (f["share"] == "1/1") { sum[f["mode"]] += f["ops_per_s"]; cnt[f["mode"]]++ }
+  }
+  END {
+    for (i = 1; i <= n; i++) {
+      base = cnt[mode[i]] ? sum[mode[i]] / cnt[mode[i]] : 0
+      printf "| %s | %s | %.0f | %.0f %% | %.2f |%s |\n", mode[i], share[i], ops[i], base ? 100 * ops[i] / base : 0, dram[i] / ws, extra[i]
+    }
+  }' "$W/results.txt"

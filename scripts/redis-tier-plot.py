@@ -1,0 +1,122 @@
+#!/usr/bin/env python3
+"""Draws the nested lab's Redis tiering benchmark (lab/bench/redis-tier.sh) as an SVG:
+throughput as a fraction of the same mode's all-DRAM windows against the DRAM the guest's
+RAM used (a fraction of the working set), one line per mode, points labelled with their
+configured share.
+
+usage: scripts/redis-tier-plot.py OUTPUT.txt [OUTPUT2.txt ...] OUT.svg
+
+Each OUTPUT holds one run's "REDISTIER-WS ..." and "REDISTIER mode=... " lines (the
+bench's output, build/lab/redis-tier.txt). With several runs every point is drawn and the
+lines join the means. Standard library only."""
+
+import sys
+
+COLORS = {"tier": "#1f77b4", "tier-eq": "#17becf", "kernel": "#d62728"}
+LABELS = {
+    "tier": "densevm tier, budget = share x WS (LZ4 store counted)",
+    "tier-eq": "densevm tier, budget = DRAM the kernel's guest RAM used",
+    "kernel": "L1 kernel: cgroup v2 memory.high, zram (zram not charged)",
+}
+
+
+def runs(path: str) -> list[dict]:
+    rows, ws = [], None
+    for line in open(path, encoding="utf-8"):
+        words = line.split()
+        if not words:
+            continue
+        kv = dict(w.split("=", 1) for w in words[1:] if "=" in w)
+        if words[0] == "REDISTIER-WS":
+            ws = float(kv["ws_kib"])
+        elif words[0] == "REDISTIER":
+            kv["ws"] = ws
+            rows.append(kv)
+    return rows
+
+
+def main() -> int:
+    if len(sys.argv) < 3:
+        print(__doc__, file=sys.stderr)
+        return 2
+    points: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for path in sys.argv[1:-1]:
+        rows = runs(path)
+        if not rows or rows[0]["ws"] is None:
+            print("no REDISTIER results in " + path, file=sys.stderr)
+            return 1
+        for mode in {r["mode"] for r in rows}:
+            mine = [r for r in rows if r["mode"] == mode]
+            full = [float(r["ops_per_s"]) for r in mine if r["share"] == "1/1"]
+            if not full:
+                print(f"no all-DRAM window for {mode} in {path}", file=sys.stderr)
+                return 1
+            base = sum(full) / len(full)
+            for r in mine:
+                if r["share"] == "1/1":
+                    continue
+                points.setdefault((mode, r["share"]), []).append(
+                    (float(r["dram_kib"]) / r["ws"], float(r["ops_per_s"]) / base)
+                )
+    width, height, left, right, top, bottom = 760, 460, 70, 20, 40, 60
+    pw, ph = width - left - right, height - top - bottom
+    x = lambda v: left + pw * v / 1.2  # noqa: E731
+    y = lambda v: top + ph * (1 - min(max(v, 0), 1.2) / 1.2)  # noqa: E731
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        'font-family="sans-serif" font-size="12">',
+        f'<rect width="{width}" height="{height}" fill="white"/>',
+        f'<text x="{width / 2}" y="20" text-anchor="middle" font-size="14">'
+        "Redis in a Debian L2 guest (nested lab), zipfian YCSB-B: throughput against DRAM</text>",
+    ]
+    for i in range(0, 13, 2):
+        v = i / 10
+        out.append(f'<line x1="{x(v)}" y1="{top}" x2="{x(v)}" y2="{top + ph}" stroke="#eee"/>')
+        out.append(f'<text x="{x(v)}" y="{top + ph + 16}" text-anchor="middle">{v:.1f}</text>')
+        out.append(f'<line x1="{left}" y1="{y(v)}" x2="{left + pw}" y2="{y(v)}" stroke="#eee"/>')
+        out.append(f'<text x="{left - 6}" y="{y(v) + 4}" text-anchor="end">{v * 100:.0f}%</text>')
+    out.append(f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#333"/>')
+    out.append(
+        f'<text x="{left + pw / 2}" y="{height - 20}" text-anchor="middle">'
+        "DRAM holding guest RAM / working set (end of the measured window)</text>"
+    )
+    out.append(
+        f'<text transform="translate(18,{top + ph / 2}) rotate(-90)" text-anchor="middle">'
+        "ops/s, % of the same mode's all-DRAM windows</text>"
+    )
+    out.append(
+        f'<line x1="{left}" y1="{y(0.9)}" x2="{left + pw}" y2="{y(0.9)}" stroke="#555" '
+        'stroke-dasharray="6,4"/>'
+    )
+    out.append(f'<text x="{left + 6}" y="{y(0.9) - 5}" fill="#555">goal at 1/3: 90%</text>')
+    ly = top + ph - 70
+    for mode in ("tier", "tier-eq", "kernel"):
+        pts = sorted(
+            (
+                (sum(a for a, _ in p) / len(p), sum(b for _, b in p) / len(p), share, p)
+                for (m, share), p in points.items()
+                if m == mode
+            ),
+            key=lambda t: t[0],
+        )
+        if not pts:
+            continue
+        c = COLORS[mode]
+        path = " ".join(f"{x(a):.1f},{y(b):.1f}" for a, b, _, _ in pts)
+        out.append(f'<polyline points="{path}" fill="none" stroke="{c}" stroke-width="2"/>')
+        for a, b, share, raw in pts:
+            for ra, rb in raw:
+                out.append(f'<circle cx="{x(ra):.1f}" cy="{y(rb):.1f}" r="4" fill="none" stroke="{c}"/>')
+            out.append(f'<circle cx="{x(a):.1f}" cy="{y(b):.1f}" r="3" fill="{c}"/>')
+            out.append(f'<text x="{x(a) + 6:.1f}" y="{y(b) - 6:.1f}" fill="{c}">{share}</text>')
+        out.append(f'<line x1="{left + 300}" y1="{ly}" x2="{left + 325}" y2="{ly}" stroke="{c}" stroke-width="2"/>')
+        out.append(f'<text x="{left + 330}" y="{ly + 4}">{LABELS[mode]}</text>')
+        ly += 18
+    out.append("</svg>")
+    with open(sys.argv[-1], "w", encoding="utf-8") as f:
+        f.write("\n".join(out) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
