@@ -45,7 +45,7 @@ if LD_LIBRARY_PATH="$lib" ldd redis-root/bin/redis-server | grep -q 'not found';
 fi
 # The two downloaded libraries go where the guest's ld.so looks for them; the rest keep
 # the host's paths.
-for l in $(LD_LIBRARY_PATH="$lib" ldd redis-root/bin/redis-server | awk '/=> \//{print $3} /^[ \t]*\/[^ ]+ \(/{print $1}'); do
+for l in $(LD_LIBRARY_PATH="$lib" ldd_libs redis-root/bin/redis-server); do
   case "$l" in "$lib"/*) dest=/usr/lib/x86_64-linux-gnu/${l##*/} ;; *) dest=$l ;; esac
   mkdir -p "redis-root$(dirname "$dest")"
   cp -L "$l" "redis-root$dest"

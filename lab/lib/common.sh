@@ -54,6 +54,12 @@ resolve_modules() {
     }' "$moddir/modules.dep"
 }
 
+# ldd_libs BINARY: the absolute paths of the shared libraries ldd reports for BINARY
+# (the loader included).
+ldd_libs() {
+  ldd "$1" 2>/dev/null | awk '/=> \//{print $3} /^[ \t]*\/[^ ]+ \(/{print $1}'
+}
+
 # copy_libs DEST BINARY... : copies the shared libraries ldd reports for each binary
 # into the root DEST, keeping their absolute paths.
 copy_libs() {
@@ -61,7 +67,7 @@ copy_libs() {
   shift
   for bin in "$@"; do
     [ -x "$bin" ] || die "missing binary $bin"
-    for lib in $(ldd "$bin" 2>/dev/null | awk '/=> \//{print $3} /^[ \t]*\/[^ ]+ \(/{print $1}'); do
+    for lib in $(ldd_libs "$bin"); do
       [ -e "$dest$lib" ] && continue
       mkdir -p "$dest$(dirname "$lib")"
       cp -L "$lib" "$dest$lib"
