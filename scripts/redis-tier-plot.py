@@ -14,6 +14,8 @@ lines join the means. Standard library only."""
 
 import sys
 
+import plotframe
+
 COLORS = {"tier": "#1f77b4", "tier-eq": "#17becf", "tier-eq-hi": "#2ca02c", "kernel": "#d62728"}
 LABELS = {
     "tier": "densevm tier, budget = share x WS (LZ4 store counted)",
@@ -68,37 +70,16 @@ def main() -> int:
                 if "guest_ram_rss_kib" in r and "zram_kib" in r:
                     hi = (float(r["guest_ram_rss_kib"]) + float(r["zram_kib"])) / r["ws"]
                     spans.append((float(r["dram_kib"]) / r["ws"], hi, norm))
-    width, height, left, right, top, bottom = 760, 460, 70, 20, 40, 60
-    pw, ph = width - left - right, height - top - bottom
-    x = lambda v: left + pw * v / 1.2  # noqa: E731
+    left, top, ph = plotframe.LEFT, plotframe.TOP, plotframe.PH
+    x = plotframe.x
     y = lambda v: top + ph * (1 - min(max(v, 0), 1.2) / 1.2)  # noqa: E731
-    out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        'font-family="sans-serif" font-size="12">',
-        f'<rect width="{width}" height="{height}" fill="white"/>',
-        f'<text x="{width / 2}" y="20" text-anchor="middle" font-size="14">'
-        "Redis in a Debian L2 guest (nested lab), zipfian YCSB-B: throughput against DRAM</text>",
-    ]
-    for i in range(0, 13, 2):
-        v = i / 10
-        out.append(f'<line x1="{x(v)}" y1="{top}" x2="{x(v)}" y2="{top + ph}" stroke="#eee"/>')
-        out.append(f'<text x="{x(v)}" y="{top + ph + 16}" text-anchor="middle">{v:.1f}</text>')
-        out.append(f'<line x1="{left}" y1="{y(v)}" x2="{left + pw}" y2="{y(v)}" stroke="#eee"/>')
-        out.append(f'<text x="{left - 6}" y="{y(v) + 4}" text-anchor="end">{v * 100:.0f}%</text>')
-    out.append(f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#333"/>')
-    out.append(
-        f'<text x="{left + pw / 2}" y="{height - 20}" text-anchor="middle">'
-        "DRAM holding guest RAM / working set (end of the measured window)</text>"
+    out = plotframe.frame(
+        y,
+        "Redis in a Debian L2 guest (nested lab), zipfian YCSB-B: throughput against DRAM",
+        "DRAM holding guest RAM / working set (end of the measured window)",
+        "ops/s, % of the same mode's all-DRAM windows",
+        [(i / 10, f"{i * 10}%") for i in range(0, 13, 2)],
     )
-    out.append(
-        f'<text transform="translate(18,{top + ph / 2}) rotate(-90)" text-anchor="middle">'
-        "ops/s, % of the same mode's all-DRAM windows</text>"
-    )
-    out.append(
-        f'<line x1="{left}" y1="{y(0.9)}" x2="{left + pw}" y2="{y(0.9)}" stroke="#555" '
-        'stroke-dasharray="6,4"/>'
-    )
-    out.append(f'<text x="{left + 6}" y="{y(0.9) - 5}" fill="#555">goal at 1/3: 90%</text>')
     for lo, hi, v in spans:
         out.append(
             f'<line x1="{x(lo):.1f}" y1="{y(v):.1f}" x2="{x(hi):.1f}" y2="{y(v):.1f}" '

@@ -13,6 +13,8 @@ plus the zswap pool (cgroup v1 does not charge it to the cgroup). Standard libra
 import math
 import sys
 
+import plotframe
+
 COLORS = {"tier": "#1f77b4", "tier-eq": "#17becf", "kernel": "#d62728", "kernel-anon": "#ff7f0e"}
 LABELS = {
     "tier": "densevm-tier, budget = share (LZ4 store counted in it)",
@@ -72,12 +74,8 @@ def main() -> int:
         mx = sum(a for a, _ in pts) / len(pts)
         my = sum(b for _, b in pts) / len(pts)
         series.setdefault(mode, []).append((mx, my, label, pts))
-    width, height, left, right, top, bottom = 760, 460, 70, 20, 40, 60
-    pw, ph = width - left - right, height - top - bottom
-
-    def x(v: float) -> float:
-        return left + pw * v / 1.2
-
+    left, top, ph = plotframe.LEFT, plotframe.TOP, plotframe.PH
+    x = plotframe.x
     # Log scale: the tiered points sit at a few percent, the all-DRAM ones at ~100 %.
     lo, hi = 0.01, 3.0
 
@@ -85,36 +83,12 @@ def main() -> int:
         v = min(max(v, lo), hi)
         return top + ph * (1 - math.log(v / lo) / math.log(hi / lo))
 
-    out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'font-family="sans-serif" font-size="12">',
-        f'<rect width="{width}" height="{height}" fill="white"/>',
-        f'<text x="{width / 2}" y="20" text-anchor="middle" font-size="14">'
-        "Zipfian (θ = 0.99) key-value store, 95% reads: throughput against DRAM used</text>",
-    ]
-    for i in range(0, 13, 2):
-        v = i / 10
-        out.append(f'<line x1="{x(v)}" y1="{top}" x2="{x(v)}" y2="{top + ph}" stroke="#eee"/>')
-        out.append(f'<text x="{x(v)}" y="{top + ph + 16}" text-anchor="middle">{v:.1f}</text>')
-    for pct in (1, 2, 5, 10, 20, 50, 100, 200):
-        v = pct / 100
-        out.append(f'<line x1="{left}" y1="{y(v)}" x2="{left + pw}" y2="{y(v)}" stroke="#eee"/>')
-        out.append(f'<text x="{left - 6}" y="{y(v) + 4}" text-anchor="end">{pct}%</text>')
-    out.append(f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#333"/>')
-    out.append(
-        f'<text x="{left + pw / 2}" y="{height - 20}" text-anchor="middle">'
-        "DRAM used by the region / working set (at the end of the measured window)</text>"
-    )
-    out.append(
-        f'<text transform="translate(18,{top + ph / 2}) rotate(-90)" text-anchor="middle">'
-        "ops/s, % of all-DRAM (runs before and after; log scale)</text>"
-    )
-    out.append(
-        f'<line x1="{left}" y1="{y(0.9)}" x2="{left + pw}" y2="{y(0.9)}" stroke="#555" '
-        'stroke-dasharray="6,4"/>'
-    )
-    out.append(
-        f'<text x="{left + 6}" y="{y(0.9) - 5}" fill="#555">goal at 1/3: 90%</text>'
+    out = plotframe.frame(
+        y,
+        "Zipfian (θ = 0.99) key-value store, 95% reads: throughput against DRAM used",
+        "DRAM used by the region / working set (at the end of the measured window)",
+        "ops/s, % of all-DRAM (runs before and after; log scale)",
+        [(pct / 100, f"{pct}%") for pct in (1, 2, 5, 10, 20, 50, 100, 200)],
     )
     order = ["tier", "tier-eq", "kernel", "kernel-anon"]
     names = sorted(series, key=lambda m: order.index(m) if m in order else 9)
