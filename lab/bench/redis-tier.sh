@@ -79,13 +79,9 @@ start_vm() {
   echo "$1: $(cat "$W/load.out")"
 }
 
-# tier_n KEY: a counter from GET /memory-tier.
-tier_n() {
-  densevm vm memory-tier --api-sock "$W/api.sock" --json > "$W/t.json" || fail "GET /memory-tier"
-  json_number "$W/t.json" "$1"
-}
-# cg_n FILE KEY: a field of a cgroup's flat-keyed FILE.
-cg_n() { awk -v k="$2" '$1 == k { print $2 }' "$cg/$1"; }
+# tier_get: one GET /memory-tier into $W/t.json; tier_n KEY: a counter from it.
+tier_get() { densevm vm memory-tier --api-sock "$W/api.sock" --json > "$W/t.json" || fail "GET /memory-tier"; }
+tier_n() { json_number "$W/t.json" "$1"; }
 zram_used() { awk '{ print $3 }' /sys/block/zram0/mm_stat 2> /dev/null || echo 0; }
 vmm_rss_kib() { awk '$1 == "Rss:" { print $2 }' "/proc/$vm/smaps_rollup"; }
 # ram_kib: guest RAM resident in the VMM (its memfd densevm-ram mappings).
@@ -113,6 +109,7 @@ for mode in $MODES; do
   start_vm "$mode"
   echo "$mode: up and loaded in $(awk -v a="$t0" -v b="$(uptime_s)" 'BEGIN { printf "%.0f", b - a }') s"
   if [ "$mode" = tier ]; then
+    tier_get
     ws_kib=$(tier_n resident_kib)
     echo "REDISTIER-WS ws_kib=$ws_kib vmm_rss_kib=$(vmm_rss_kib) guest_ram_rss_kib=$(ram_kib)"
   elif [ "$mode" = kernel ]; then
@@ -147,6 +144,7 @@ for mode in $MODES; do
       fi
     fi
     if [ "$mode" != kernel ]; then
+      tier_get
       m0=$(tier_n missing_faults) n0=$(tier_n minor_faults) c0=$(tier_n service_cpu_us)
     else
       s0=$(awk '$1 == "pswpin" { print $2 }' /proc/vmstat)
@@ -157,6 +155,7 @@ for mode in $MODES; do
     ops=$(sed -n 's/.*ops_per_s=\([0-9.]*\).*/\1/p' "$W/run.out")
     n=$(sed -n 's/.* ops=\([0-9]*\).*/\1/p' "$W/run.out")
     if [ "$mode" != kernel ]; then
+      tier_get
       res=$(tier_n resident_kib) comp=$(tier_n compressed_kib)
       dram=$((res + comp))
       faults="missing=$(($(tier_n missing_faults) - m0)) minor=$(($(tier_n minor_faults) - n0)) svc_cpu_ms=$((($(tier_n service_cpu_us) - c0) / 1000)) swap_pages=$(tier_n swap_pages)"
