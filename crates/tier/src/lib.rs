@@ -11,13 +11,15 @@
 //! are sequential.
 //!
 //! Cold pages are found without DAMON or idle-page tracking: a clock hand walks the
-//! file's resident pages and *arms* each (`MADV_DONTNEED` on the mapping: the page stays
-//! in the file, its page-table entries and KVM's translations go), and the next access
-//! to an armed page is a userfaultfd *minor* fault, answered at once (`UFFDIO_CONTINUE`)
-//! after clearing the arm. A page still armed when the hand comes round again was not
-//! touched for a whole turn: it is the victim. The hand only moves when pages must go
-//! (and slowly ahead of need, above 7/8 of the budget), so an idle or fitting VM costs
-//! nothing.
+//! file's resident pages and *arms* a pool of them (`MADV_DONTNEED` on the mapping: the
+//! page stays in the file, its page-table entries and KVM's translations go), and the
+//! next access to an armed page is a userfaultfd *minor* fault, answered at once
+//! (`UFFDIO_CONTINUE`) after clearing the arm. The pages armed longest ago and still
+//! untouched are the victims. A page that faults back in soon after leaving (a near
+//! refault) is protected from the hand for a while, the longer the more often it did: the
+//! hand's recency test alone cannot tell lukewarm pages from cold ones. The hand only
+//! moves when pages must go (and slowly ahead of need, above 7/8 of the budget), so an
+//! idle or fitting VM costs nothing.
 //!
 //! The tier is a cache of guest RAM, never of data that must outlive the process: the
 //! swap file is unlinked from birth and the compressed store is anonymous memory of the
@@ -196,6 +198,11 @@ pub(crate) struct State {
     base_pages: u64,
     /// The clock hand (a page of the file).
     hand: usize,
+    /// The next eviction's number (never 0; wraps).
+    evictions: u32,
+    /// The file's pages outside what the table counts (pages outside the areas) when it
+    /// last counted them from the file: a drift from it means the table missed a change.
+    untracked: i64,
     /// The last missing fault's page and the prefetch window it earned.
     last_missing: usize,
     window: usize,
@@ -267,6 +274,38 @@ impl Shared {
         match &self.base {
             Some(base) => read_base(base, scratch, pg as u64 * PAGE).is_ok() && scratch == data,
             None => false,
+        }
+    }
+
+    /// Counts the pages the file holds in the areas into the table (`SEEK_DATA`), and what
+    /// it holds elsewhere.
+    fn count_in_file(&self, st: &mut State) -> io::Result<()> {
+        st.table.clear_in_file();
+        for a in &self.areas {
+            for (from, to) in data_ranges(&self.file, a.offset, a.offset + a.len)? {
+                for pg in (from / PAGE) as usize..to.div_ceil(PAGE) as usize {
+                    st.table.set_in_file(pg, true);
+                }
+            }
+        }
+        st.untracked = (self.resident() / PAGE) as i64 - st.table.in_file_count() as i64;
+        Ok(())
+    }
+
+    /// Checks the table's count of the file's pages against the file's own (which moves
+    /// only through the tier, unless something else writes or punches the file behind its
+    /// back); counts again from the file if they drifted apart.
+    /// `resident`: the file's resident bytes, just read.
+    fn check_in_file(&self, st: &mut State, resident: u64) {
+        let count = st.table.in_file_count();
+        let drift = (resident / PAGE) as i64 - count as i64 - st.untracked;
+        if drift.unsigned_abs() > (count as u64 / 64).max(256) {
+            tracing::warn!(
+                "memory tier: the file holds {drift} pages more than the tier counted; counting again"
+            );
+            if let Err(e) = self.count_in_file(st) {
+                tracing::warn!("memory tier: counting the file's pages: {e}");
+            }
         }
     }
 
@@ -351,11 +390,14 @@ impl Tier {
                 swap: None,
                 base_pages,
                 hand: 0,
+                evictions: 1,
+                untracked: 0,
                 last_missing: usize::MAX,
                 window: 1,
             }),
             counters: Counters::default(),
         });
+        shared.count_in_file(&mut shared.state.lock().unwrap_or_else(|p| p.into_inner()))?;
         let s = shared.clone();
         let thread = std::thread::Builder::new()
             .name("tier".into())
@@ -430,6 +472,8 @@ impl Tier {
             self.shared.forget(&mut st, pg);
             st.table.set_armed(pg, false);
             st.table.set_referenced(pg, false);
+            st.table.clear_history(pg);
+            st.table.set_in_file(pg, false);
         }
         punch(&self.shared.file, offset, len)
     }
@@ -508,6 +552,7 @@ impl Frozen<'_> {
                 self.shared.load(&self.state, pg, at, &mut buf)?;
                 self.shared.file.write_all_at(&buf, pg as u64 * PAGE)?;
                 self.shared.forget(&mut self.state, pg);
+                self.state.table.set_in_file(pg, true);
                 moved += PAGE;
             }
         }

@@ -164,8 +164,12 @@ impl Service {
         if msg.flags & FLAG_MINOR != 0 {
             st.table.set_armed(pg, false);
             st.table.set_referenced(pg, true);
+            // Touched while the hand took it for cold: not one to arm again soon.
+            let until = st.evictions.wrapping_add(budget_pages(sh));
+            st.table.protect(pg, nonzero(until));
             match sh.uffd.continue_minor(addr, PAGE, true) {
                 Ok(Resolved::Filled(_)) => {
+                    st.table.set_in_file(pg, true);
                     Counters::add(&sh.counters.minor_faults, 1);
                     return;
                 }
@@ -194,6 +198,7 @@ impl Service {
         self.make_room(sh, st);
         // Just accessed: spared by the hand's next pass.
         st.table.set_referenced(pg, true);
+        note_refault(sh, st, pg);
         let at = st.table.get(pg);
         // The following pages in the same place kind, contiguous in the same area.
         let same = |st: &State, p: usize| {
@@ -210,8 +215,12 @@ impl Service {
                 Ok(Resolved::Filled(b)) => {
                     Counters::add(&sh.counters.prefetched, (b / PAGE).saturating_sub(1));
                     st.last_missing = pg + (b / PAGE).max(1) as usize - 1;
+                    for p in pg..=st.last_missing {
+                        st.table.set_in_file(p, true);
+                    }
                 }
                 Ok(Resolved::Exists) => {
+                    st.table.set_in_file(pg, true);
                     let _ = sh.uffd.wake(addr, PAGE);
                 }
                 Err(e) => fatal(&format!("zero-filling {addr:#x}"), e),
@@ -228,9 +237,10 @@ impl Service {
             // SAFETY: `self.page` is a live buffer of one page.
             let r = unsafe { sh.uffd.copy(self.page.as_ptr(), dst, PAGE, false, true) };
             match r {
-                Ok(Resolved::Filled(_)) => {}
+                Ok(Resolved::Filled(_)) => st.table.set_in_file(p, true),
                 // The file got the page some other way (it wins): wake the waiters.
                 Ok(Resolved::Exists) => {
+                    st.table.set_in_file(p, true);
                     let _ = sh.uffd.wake(dst, PAGE);
                 }
                 Err(e) if i > 0 => {
@@ -241,6 +251,8 @@ impl Service {
             }
             sh.forget(st, p);
             if i > 0 {
+                // Not accessed (yet): no refault to count.
+                st.table.take_distance(p, st.evictions);
                 Counters::add(&sh.counters.prefetched, 1);
             }
             st.last_missing = p;
@@ -274,32 +286,32 @@ impl Service {
     /// hand: armed pages go, unarmed ones are armed). Returns whether it was over.
     fn evict_step(&mut self, sh: &Shared, st: &mut State) -> bool {
         let budget = sh.budget.load(Ordering::Relaxed);
-        let used = sh.resident() + st.compressed.bytes();
+        let resident = sh.resident();
+        let used = resident + st.compressed.bytes();
         if used <= budget {
             return false;
         }
+        sh.check_in_file(st, resident);
         let slack = (budget / 64).max(16 * PAGE);
         let want = ((used - budget + slack) / PAGE).min(EVICT_BATCH as u64) as usize;
+        // The victims: the pages armed longest ago and not touched since.
         let mut victims = Vec::with_capacity(want);
-        let mut arm = Vec::new();
-        let mut spared = Vec::new();
-        // Arm no more than the pool needs (the victims taken now leave it): the armed
-        // pages the hand meets later are the next victims.
-        let room = (arm_pool(budget) + want).saturating_sub(st.table.armed_count());
-        self.sweep(sh, st, SCAN_LIMIT, |st, pg| {
-            if st.table.armed(pg) {
-                victims.push(pg);
-            } else if st.table.referenced(pg) {
-                spared.push(pg);
-            } else if arm.len() < room {
-                arm.push(pg);
+        while victims.len() < want {
+            match st.table.oldest_armed() {
+                Some(pg) => victims.push(pg),
+                None => break,
             }
-            victims.len() < want
-        });
-        for pg in spared {
-            st.table.set_referenced(pg, false);
         }
-        arm_pages(sh, st, &arm);
+        victims.sort_unstable();
+        // Refill the pool (the victims are leaving it). If nothing is left to take or to
+        // arm but protected pages, the budget comes first: the hand arms those too.
+        let room = (arm_pool(budget) + victims.len()).saturating_sub(st.table.armed_count());
+        let armed = self.arm_more(sh, st, room, false);
+        // Protected pages all around the hand: rather than walk the file for the few
+        // others, it arms protected ones too while the pool is short of a step's victims.
+        if armed < room && st.table.armed_count() < EVICT_BATCH {
+            self.arm_more(sh, st, room - armed, true);
+        }
         self.evict(sh, st, &victims);
         self.demote(sh, st);
         true
@@ -322,24 +334,42 @@ impl Service {
             return;
         }
         self.last_arm = Instant::now();
+        let room = (pool - st.table.armed_count()).min(ARM_AHEAD);
+        self.arm_more(sh, st, room, false);
+    }
+
+    /// Moves the hand on until it has armed `room` pages, arming each page it passes that
+    /// was not touched since its last pass (a touched one is spared this once) and is not
+    /// protected (unless `force`). It looks at no more than 8 pages per page wanted (at
+    /// most [`SCAN_LIMIT`]): where protected pages are dense, a long walk for the few
+    /// others would cost more than the faults it saves. Returns how many it armed.
+    fn arm_more(&mut self, sh: &Shared, st: &mut State, room: usize, force: bool) -> usize {
+        if room == 0 {
+            return 0;
+        }
         let (mut arm, mut spared) = (Vec::new(), Vec::new());
-        let want = (pool - st.table.armed_count()).min(ARM_AHEAD);
-        self.sweep(sh, st, ARM_AHEAD, |st, pg| {
+        let now = st.evictions;
+        let limit = (8 * room + 64).min(SCAN_LIMIT);
+        self.sweep(sh, st, limit, |st, pg| {
             if st.table.referenced(pg) {
                 spared.push(pg);
-            } else if !st.table.armed(pg) {
+            } else if !st.table.armed(pg) && (force || !st.table.protected(pg, now)) {
                 arm.push(pg);
             }
-            arm.len() < want
+            arm.len() < room
         });
         for pg in spared {
             st.table.set_referenced(pg, false);
         }
-        arm_pages(sh, st, &arm);
+        arm_pages(sh, st, &arm)
     }
 
-    /// Moves the hand over up to `limit` resident pages inside the areas, calling `visit`
-    /// on each until it returns false.
+    /// Moves the hand over up to `limit` pages the file holds inside the areas, calling
+    /// `visit` on each until it returns false. The table knows which pages the file holds
+    /// (`Table::in_file`), so a turn costs no system call: asking the kernel
+    /// (`SEEK_DATA`/`SEEK_HOLE` per run of pages, or `mincore` per page) cost the service
+    /// thread more than the faults it served once the file was riddled with holes, in
+    /// the nested lab's TCG above all.
     fn sweep(
         &mut self,
         sh: &Shared,
@@ -347,28 +377,28 @@ impl Service {
         limit: usize,
         mut visit: impl FnMut(&State, usize) -> bool,
     ) {
-        let pages = st.table.pages();
         let (mut seen, mut wrapped) = (0, false);
         while seen < limit {
-            let Some((start, end)) = next_data(sh, st.hand, pages) else {
+            let Some((area_first, area_end)) = area_from(sh, st.hand) else {
                 if wrapped || st.hand == 0 {
-                    st.hand = 0;
                     return;
                 }
                 st.hand = 0;
                 wrapped = true;
                 continue;
             };
-            let mut pg = start;
+            let mut pg = st.hand.max(area_first);
             let mut more = true;
-            while pg < end && seen < limit && more {
-                if sh.addr_of(pg).is_some() {
-                    more = visit(st, pg);
-                    seen += 1;
-                }
-                pg += 1;
+            while seen < limit && more {
+                let Some(p) = st.table.next_in_file(pg, area_end) else {
+                    pg = area_end;
+                    break;
+                };
+                more = visit(st, p);
+                seen += 1;
+                pg = p + 1;
             }
-            st.hand = if pg >= pages { 0 } else { pg };
+            st.hand = pg;
             if !more {
                 return;
             }
@@ -442,6 +472,12 @@ impl Service {
                     continue;
                 }
                 let j = (i..n).find(|&k| !gone[k]).unwrap_or(n);
+                for pg in first + i..first + j {
+                    let seq = st.evictions;
+                    st.table.set_evicted(pg, seq);
+                    st.evictions = nonzero(seq.wrapping_add(1));
+                    st.table.set_in_file(pg, false);
+                }
                 let off = (first + i) as u64 * PAGE;
                 if let Err(e) = punch(&sh.file, off, (j - i) as u64 * PAGE) {
                     // The data is still in the file too: forget the tier's copy.
@@ -507,13 +543,47 @@ pub(crate) fn hard_slack(sh: &Shared) -> u64 {
     (sh.budget.load(Ordering::Relaxed) / 32).max(1 << 20)
 }
 
+/// The budget in pages: the yardstick of refault distances and protections.
+fn budget_pages(sh: &Shared) -> u32 {
+    (sh.budget.load(Ordering::Relaxed) / PAGE).clamp(1, MAX_PROTECTION as u64) as u32
+}
+
+/// Longest protection, in evictions (the table compares eviction numbers modulo 2^32).
+const MAX_PROTECTION: u32 = 1 << 30;
+
+/// Eviction numbers skip 0, which means "none" in the table.
+fn nonzero(seq: u32) -> u32 {
+    seq.max(1)
+}
+
+/// Page `pg` faulted back in: if it left less than a budget's worth of evictions ago (a
+/// *near refault*), keeping it would have been a hit for a budget not much larger, so it
+/// is protected from the hand — the longer, the more often that happened to it. A far
+/// refault halves the count. This is what turns the clock hand's recency (armed, then
+/// untouched for a while) into something closer to frequency: under a zipfian load the
+/// pages that keep coming back are the ones worth keeping.
+fn note_refault(sh: &Shared, st: &mut State, pg: usize) {
+    let Some(dist) = st.table.take_distance(pg, st.evictions) else {
+        return;
+    };
+    let cap = budget_pages(sh);
+    let n = st.table.count_refault(pg, dist < cap);
+    if dist < cap {
+        let len = (u64::from(n) * u64::from(cap) / 2).min(u64::from(MAX_PROTECTION)) as u32;
+        st.table
+            .protect(pg, nonzero(st.evictions.wrapping_add(len)));
+    }
+}
+
 /// How many pages the hand keeps armed at most: [`ARM_POOL`], or 1/64 of the budget.
 fn arm_pool(budget: u64) -> usize {
     ARM_POOL.max((budget / PAGE / 64) as usize)
 }
 
-/// Arms `pages` (sorted): unmaps them, so that their next access is a minor fault.
-fn arm_pages(sh: &Shared, st: &mut State, pages: &[usize]) {
+/// Arms `pages` (in the hand's order): unmaps them, so that their next access is a minor
+/// fault. Returns how many were armed.
+fn arm_pages(sh: &Shared, st: &mut State, pages: &[usize]) -> usize {
+    let mut armed = 0;
     for run in runs(pages) {
         let (Some(start), Some(last)) = (sh.addr_of(run[0]), sh.addr_of(run[run.len() - 1])) else {
             continue;
@@ -521,7 +591,7 @@ fn arm_pages(sh: &Shared, st: &mut State, pages: &[usize]) {
         if last - start != (run.len() as u64 - 1) * PAGE {
             // The run crosses areas: arm page by page.
             for &pg in run {
-                arm_pages(sh, st, &[pg]);
+                armed += arm_pages(sh, st, &[pg]);
             }
             continue;
         }
@@ -542,8 +612,10 @@ fn arm_pages(sh: &Shared, st: &mut State, pages: &[usize]) {
         for &pg in run {
             st.table.set_armed(pg, true);
         }
+        armed += run.len();
         Counters::add(&sh.counters.armed, run.len() as u64);
     }
+    armed
 }
 
 /// Splits sorted pages into runs of consecutive pages.
@@ -551,26 +623,17 @@ fn runs(pages: &[usize]) -> impl Iterator<Item = &[usize]> {
     pages.chunk_by(|a, b| b == &(a + 1))
 }
 
-/// The next run of resident file pages at or after page `from`: `(first, end)`.
-fn next_data(sh: &Shared, from: usize, pages: usize) -> Option<(usize, usize)> {
-    if from >= pages {
-        return None;
-    }
-    let fd = sh.file.as_raw_fd();
-    // SAFETY: lseek on a descriptor we hold.
-    let data = unsafe { libc::lseek(fd, (from as u64 * PAGE) as libc::off_t, libc::SEEK_DATA) };
-    if data < 0 {
-        return None;
-    }
-    // SAFETY: as above.
-    let hole = unsafe { libc::lseek(fd, data, libc::SEEK_HOLE) };
-    let start = (data as u64 / PAGE) as usize;
-    let end = if hole < 0 {
-        pages
-    } else {
-        ((hole as u64).div_ceil(PAGE) as usize).min(pages)
-    };
-    (start < end).then_some((start, end))
+/// The area holding file page `pg`, or else the first one after it (in file order):
+/// `(first page, end page)`.
+fn area_from(sh: &Shared, pg: usize) -> Option<(usize, usize)> {
+    sh.areas
+        .iter()
+        .map(|a| {
+            let first = (a.offset / PAGE) as usize;
+            (first, first + (a.len / PAGE) as usize)
+        })
+        .filter(|&(_, end)| end > pg)
+        .min_by_key(|&(first, _)| first)
 }
 
 #[cfg(test)]

@@ -6,8 +6,16 @@
 //! before being armed again, so a hot page costs a minor fault every other turn, not every
 //! turn).
 //!
-//! Four bytes per page for the location and one bit for the arm: 0.1 % of the RAM, only
-//! touched where pages are tiered (the vectors start as untouched zero pages).
+//! It also keeps each page's history, the frequency signal the clock hand lacks: when it
+//! left (an eviction number) and, once it is back, until when it is *protected* (the hand
+//! neither arms nor takes it), and a small count of how often it came back soon after
+//! leaving (a *near refault*, as the kernel's workingset detection calls one).
+//!
+//! Nine bytes and four bits per page (0.2 % of the RAM), and a queue of the armed pages
+//! (four bytes each, a few thousand); the vectors start as untouched zero pages and only
+//! cost memory where pages are tiered.
+
+use std::collections::VecDeque;
 
 /// Where a page's data is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,10 +40,27 @@ pub(crate) struct Table {
     armed: Vec<u64>,
     /// How many pages are armed.
     armed_count: usize,
+    /// Pages in the order they were armed, oldest first: the next victims. An entry whose
+    /// page is no longer armed (touched, evicted, discarded) is skipped when reached.
+    arm_queue: VecDeque<u32>,
     referenced: Vec<u64>,
     /// Pages with data in the base file (empty without a base).
     in_base: Vec<u64>,
+    /// Pages the file holds (resident, or swapped by the host), as far as the tier knows:
+    /// set where a page enters the file through it (a fault it serves, a page written
+    /// back), cleared where it punches one out. The clock hand walks these, with no
+    /// system call; [`Table::in_file_count`] is checked against the file's block count.
+    in_file: Vec<u64>,
+    in_file_count: usize,
+    /// Out of the file: the eviction number it left at; back in: the eviction number
+    /// its protection lasts until. 0: none.
+    stamp: Vec<u32>,
+    /// Near refaults, halved by each far one (at most [`MAX_REFAULTS`]).
+    refaults: Vec<u8>,
 }
+
+/// The most near refaults a page's count holds.
+pub(crate) const MAX_REFAULTS: u8 = 15;
 
 impl Table {
     /// A table for `pages` pages, all in the file, none armed.
@@ -44,8 +69,13 @@ impl Table {
             loc: vec![0; pages],
             armed: vec![0; pages.div_ceil(64)],
             armed_count: 0,
+            arm_queue: VecDeque::new(),
             referenced: vec![0; pages.div_ceil(64)],
             in_base: Vec::new(),
+            stamp: vec![0; pages],
+            refaults: vec![0; pages],
+            in_file: vec![0; pages.div_ceil(64)],
+            in_file_count: 0,
         }
     }
 
@@ -101,16 +131,35 @@ impl Table {
         self.armed[pg / 64] & (1 << (pg % 64)) != 0
     }
 
-    /// Arms or disarms page `pg`.
+    /// Arms or disarms page `pg`; a page armed joins the back of the queue.
     pub fn set_armed(&mut self, pg: usize, on: bool) {
         if self.armed(pg) != on {
             set_bit(&mut self.armed, pg, on);
             if on {
                 self.armed_count += 1;
+                self.arm_queue.push_back(pg as u32);
+                // Entries of pages disarmed since pile up while nothing is evicted (a VM
+                // just under its budget): drop them once they outnumber the armed pages.
+                if self.arm_queue.len() > 2 * self.armed_count + 1024 {
+                    let armed = std::mem::take(&mut self.armed);
+                    self.arm_queue
+                        .retain(|&p| armed[p as usize / 64] & (1 << (p % 64)) != 0);
+                    self.armed = armed;
+                }
             } else {
                 self.armed_count -= 1;
             }
         }
+    }
+
+    /// Takes the page armed longest ago off the queue (it stays armed): the next victim.
+    pub fn oldest_armed(&mut self) -> Option<usize> {
+        while let Some(p) = self.arm_queue.pop_front() {
+            if self.armed(p as usize) {
+                return Some(p as usize);
+            }
+        }
+        None
     }
 
     /// How many pages are armed.
@@ -126,6 +175,93 @@ impl Table {
     /// Sets or clears page `pg`'s referenced bit.
     pub fn set_referenced(&mut self, pg: usize, on: bool) {
         set_bit(&mut self.referenced, pg, on);
+    }
+}
+
+impl Table {
+    /// Whether the file holds page `pg`.
+    pub fn in_file(&self, pg: usize) -> bool {
+        self.in_file[pg / 64] & (1 << (pg % 64)) != 0
+    }
+
+    /// Records whether the file holds page `pg`.
+    pub fn set_in_file(&mut self, pg: usize, on: bool) {
+        if self.in_file(pg) != on {
+            set_bit(&mut self.in_file, pg, on);
+            if on {
+                self.in_file_count += 1;
+            } else {
+                self.in_file_count -= 1;
+            }
+        }
+    }
+
+    /// How many pages the file holds.
+    pub fn in_file_count(&self) -> usize {
+        self.in_file_count
+    }
+
+    /// Forgets which pages the file holds (before they are counted again).
+    pub fn clear_in_file(&mut self) {
+        self.in_file.fill(0);
+        self.in_file_count = 0;
+    }
+
+    /// The first page in `[from, end)` the file holds.
+    pub fn next_in_file(&self, from: usize, end: usize) -> Option<usize> {
+        let end = end.min(self.loc.len());
+        let mut pg = from;
+        while pg < end {
+            let word = self.in_file[pg / 64] >> (pg % 64);
+            if word != 0 {
+                let found = pg + word.trailing_zeros() as usize;
+                return (found < end).then_some(found);
+            }
+            pg = (pg / 64 + 1) * 64;
+        }
+        None
+    }
+
+    /// Records that page `pg` left the file as eviction number `seq` (not 0).
+    pub fn set_evicted(&mut self, pg: usize, seq: u32) {
+        self.stamp[pg] = seq;
+    }
+
+    /// Page `pg` came back at eviction number `now`: how many evictions ago it left, if
+    /// it was evicted; its protection ends either way.
+    pub fn take_distance(&mut self, pg: usize, now: u32) -> Option<u32> {
+        let left = std::mem::take(&mut self.stamp[pg]);
+        (left != 0).then(|| now.wrapping_sub(left))
+    }
+
+    /// Counts a near refault of page `pg` (`near`) or halves its count; returns the count.
+    pub fn count_refault(&mut self, pg: usize, near: bool) -> u8 {
+        let c = &mut self.refaults[pg];
+        *c = if near {
+            (*c + 1).min(MAX_REFAULTS)
+        } else {
+            *c / 2
+        };
+        *c
+    }
+
+    /// Protects resident page `pg` until eviction number `until` (not 0).
+    pub fn protect(&mut self, pg: usize, until: u32) {
+        self.stamp[pg] = until;
+    }
+
+    /// Whether resident page `pg` is protected at eviction number `now`.
+    pub fn protected(&self, pg: usize, now: u32) -> bool {
+        let until = self.stamp[pg];
+        // Protections last far less than 2^31 evictions: the wrapping difference is the
+        // time left.
+        until != 0 && (until.wrapping_sub(now) as i32) > 0
+    }
+
+    /// Forgets page `pg`'s history (its data is gone: a discard).
+    pub fn clear_history(&mut self, pg: usize) {
+        self.stamp[pg] = 0;
+        self.refaults[pg] = 0;
     }
 }
 
@@ -184,5 +320,92 @@ mod tests {
             t.in_base(64),
             "the base keeps its data whatever the page's location"
         );
+    }
+
+    #[test]
+    fn pages_in_the_file_are_found_in_order() {
+        let mut t = Table::new(300);
+        assert_eq!(t.next_in_file(0, 300), None);
+        for pg in [5, 63, 64, 200, 299] {
+            t.set_in_file(pg, true);
+        }
+        t.set_in_file(64, true);
+        assert_eq!(t.in_file_count(), 5);
+        assert_eq!(t.next_in_file(0, 300), Some(5));
+        assert_eq!(t.next_in_file(6, 300), Some(63));
+        assert_eq!(t.next_in_file(64, 300), Some(64));
+        assert_eq!(t.next_in_file(65, 300), Some(200));
+        assert_eq!(t.next_in_file(65, 200), None, "the end is exclusive");
+        assert_eq!(t.next_in_file(201, 1000), Some(299));
+        t.set_in_file(200, false);
+        t.set_in_file(200, false);
+        assert_eq!(t.next_in_file(65, 300), Some(299));
+        assert_eq!(t.in_file_count(), 4);
+        t.clear_in_file();
+        assert_eq!((t.in_file_count(), t.next_in_file(0, 300)), (0, None));
+    }
+
+    #[test]
+    fn victims_come_in_arming_order() {
+        let mut t = Table::new(5000);
+        for pg in [7, 3, 9, 4] {
+            t.set_armed(pg, true);
+        }
+        t.set_armed(3, false);
+        assert_eq!(t.oldest_armed(), Some(7));
+        assert_eq!(t.oldest_armed(), Some(9), "a disarmed page is skipped");
+        // Taken off the queue, still armed until evicted.
+        assert!(t.armed(7) && t.armed(9));
+        t.set_armed(7, false);
+        t.set_armed(9, false);
+        assert_eq!(t.oldest_armed(), Some(4));
+        assert_eq!(t.oldest_armed(), None);
+        // Arming and disarming without evictions does not grow the queue without bound.
+        for round in 0..10 {
+            for pg in 0..4000 {
+                t.set_armed(pg, true);
+                if pg % 4 != round % 4 {
+                    t.set_armed(pg, false);
+                }
+            }
+        }
+        assert!(t.arm_queue.len() <= 2 * t.armed_count() + 1024);
+        let armed = t.armed_count();
+        assert_eq!(armed, 1000);
+        let mut n = 0;
+        while let Some(pg) = t.oldest_armed() {
+            assert!(t.armed(pg));
+            t.set_armed(pg, false);
+            n += 1;
+        }
+        assert_eq!(n, armed, "every armed page is on the queue");
+        assert_eq!(t.armed_count(), 0);
+    }
+
+    #[test]
+    fn history_measures_refault_distance_and_protection() {
+        let mut t = Table::new(4);
+        assert_eq!(t.take_distance(0, 10), None, "never evicted");
+        t.set_evicted(0, u32::MAX - 2);
+        // Eviction numbers wrap (and skip 0).
+        assert_eq!(t.take_distance(0, 5), Some(8));
+        assert_eq!(t.take_distance(0, 6), None, "taken once");
+        assert_eq!(t.count_refault(1, true), 1);
+        assert_eq!(t.count_refault(1, true), 2);
+        assert_eq!(t.count_refault(1, true), 3);
+        assert_eq!(t.count_refault(1, false), 1);
+        for _ in 0..40 {
+            t.count_refault(2, true);
+        }
+        assert_eq!(t.count_refault(2, true), MAX_REFAULTS);
+        assert!(!t.protected(3, 100));
+        t.protect(3, 200);
+        assert!(t.protected(3, 100) && t.protected(3, 199));
+        assert!(!t.protected(3, 200) && !t.protected(3, 5000));
+        t.protect(3, 3);
+        assert!(t.protected(3, u32::MAX - 10), "across the wrap");
+        t.clear_history(3);
+        t.clear_history(2);
+        assert!(!t.protected(3, 0) && t.count_refault(2, false) == 0);
     }
 }

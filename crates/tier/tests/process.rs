@@ -185,3 +185,35 @@ fn tempfile() -> std::fs::File {
         .open(std::env::temp_dir())
         .unwrap()
 }
+
+/// The tier tracks which pages the file holds by the faults it serves; pages written into
+/// the file some other way (here `pwrite`, behind its back) are found again when its count
+/// drifts from the file's, and leave like any other under a lower budget, data intact.
+#[test]
+fn pages_written_behind_the_tiers_back_are_found_and_can_leave() {
+    use std::os::unix::fs::FileExt;
+    let (size, budget) = (32 * MIB, 32 * MIB);
+    let region = Region::new(size, budget);
+    let mut words = vec![0u64; 512];
+    let mut buf = vec![0u8; PAGE as usize];
+    for pg in 0..region.pages() {
+        fill(&mut words, pg, 3);
+        for (b, w) in buf.chunks_exact_mut(8).zip(&words) {
+            b.copy_from_slice(&w.to_ne_bytes());
+        }
+        region.file.write_all_at(&buf, pg * PAGE).unwrap();
+    }
+    region.tier().set_budget(4 * MIB);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while region.tier().stats().resident > 4 * MIB + slack(4 * MIB) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "pages written behind the tier's back never left: {:?}",
+            region.tier().stats()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    for pg in 0..region.pages() {
+        assert!(check(region.page(pg), pg, 3), "page {pg} lost its data");
+    }
+}
