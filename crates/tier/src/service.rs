@@ -414,6 +414,11 @@ impl Service {
             let bytes = &mut buf[..n * PAGE as usize];
             if let Err(e) = sh.file.read_exact_at(bytes, first as u64 * PAGE) {
                 tracing::warn!("memory tier: reading pages to evict: {e}");
+                // They stay; off the queue, they must not count as armed (an access still
+                // faults, harmlessly).
+                for &pg in run {
+                    st.table.set_armed(pg, false);
+                }
                 continue;
             }
             let mut gone = vec![false; n];
@@ -484,6 +489,7 @@ impl Service {
                     tracing::warn!("memory tier: punching {off:#x}: {e}");
                     for pg in first + i..first + j {
                         sh.forget(st, pg);
+                        st.table.set_in_file(pg, true);
                     }
                 }
                 i = j;
