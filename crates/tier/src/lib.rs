@@ -301,7 +301,7 @@ impl Shared {
         let drift = (resident / PAGE) as i64 - count as i64 - st.untracked;
         if drift.unsigned_abs() > (count as u64 / 64).max(256) {
             tracing::warn!(
-                "memory tier: the file holds {drift} pages more than the tier counted; counting again"
+                "memory tier: the file's page count is {drift} off the tier's; counting again"
             );
             if let Err(e) = self.count_in_file(st) {
                 tracing::warn!("memory tier: counting the file's pages: {e}");

@@ -268,25 +268,31 @@ impl Service {
             .budget
             .load(Ordering::Relaxed)
             .saturating_add(hard_slack(sh));
-        // Bounded: a page seen referenced is spared one turn and armed the next, so a victim
-        // can take up to three turns of the hand; give up after four turns' worth of steps
-        // (nothing can leave, e.g. no swap file).
+        // Bounded: a step that finds no victim refills the pool (with protected pages too
+        // when it runs short), so the next has some; give up after four turns' worth of
+        // steps (nothing can leave, e.g. no swap file).
         let steps = 4 * st.table.pages().div_ceil(SCAN_LIMIT) + 8;
         for _ in 0..steps {
-            if sh.resident() + st.compressed.bytes() + MAX_WINDOW as u64 * PAGE <= limit {
+            let resident = sh.resident();
+            if resident + st.compressed.bytes() + MAX_WINDOW as u64 * PAGE <= limit {
                 return;
             }
-            if !self.evict_step(sh, st) {
+            if !self.evict_step_at(sh, st, resident) {
                 return;
             }
         }
     }
 
-    /// While the tier is over its budget, moves up to a batch of cold pages out (the clock
-    /// hand: armed pages go, unarmed ones are armed). Returns whether it was over.
+    /// While the tier is over its budget, moves up to a batch of cold pages out (the
+    /// oldest armed pages go, the hand refills the pool). Returns whether it was over.
     fn evict_step(&mut self, sh: &Shared, st: &mut State) -> bool {
-        let budget = sh.budget.load(Ordering::Relaxed);
         let resident = sh.resident();
+        self.evict_step_at(sh, st, resident)
+    }
+
+    /// [`Service::evict_step`] with the file's resident bytes just read.
+    fn evict_step_at(&mut self, sh: &Shared, st: &mut State, resident: u64) -> bool {
+        let budget = sh.budget.load(Ordering::Relaxed);
         let used = resident + st.compressed.bytes();
         if used <= budget {
             return false;
@@ -366,7 +372,7 @@ impl Service {
 
     /// Moves the hand over up to `limit` pages the file holds inside the areas, calling
     /// `visit` on each until it returns false. The table knows which pages the file holds
-    /// (`Table::in_file`), so a turn costs no system call: asking the kernel
+    /// (the table's `in_file` bits), so a turn costs no system call: asking the kernel
     /// (`SEEK_DATA`/`SEEK_HOLE` per run of pages, or `mincore` per page) cost the service
     /// thread more than the faults it served once the file was riddled with holes, in
     /// the nested lab's TCG above all.

@@ -128,26 +128,17 @@ impl Table {
 
     /// Whether page `pg` is armed.
     pub fn armed(&self, pg: usize) -> bool {
-        self.armed[pg / 64] & (1 << (pg % 64)) != 0
+        bit(&self.armed, pg)
     }
 
     /// Arms or disarms page `pg`; a page armed joins the back of the queue.
     pub fn set_armed(&mut self, pg: usize, on: bool) {
-        if self.armed(pg) != on {
-            set_bit(&mut self.armed, pg, on);
-            if on {
-                self.armed_count += 1;
-                self.arm_queue.push_back(pg as u32);
-                // Entries of pages disarmed since pile up while nothing is evicted (a VM
-                // just under its budget): drop them once they outnumber the armed pages.
-                if self.arm_queue.len() > 2 * self.armed_count + 1024 {
-                    let armed = std::mem::take(&mut self.armed);
-                    self.arm_queue
-                        .retain(|&p| armed[p as usize / 64] & (1 << (p % 64)) != 0);
-                    self.armed = armed;
-                }
-            } else {
-                self.armed_count -= 1;
+        if set_counted(&mut self.armed, &mut self.armed_count, pg, on) && on {
+            self.arm_queue.push_back(pg as u32);
+            // Entries of pages disarmed since pile up while nothing is evicted (a VM just
+            // under its budget): drop them once they outnumber the armed pages.
+            if self.arm_queue.len() > 2 * self.armed_count + 1024 {
+                self.arm_queue.retain(|&p| bit(&self.armed, p as usize));
             }
         }
     }
@@ -169,7 +160,7 @@ impl Table {
 
     /// Whether an access to page `pg` was seen since the hand last passed it.
     pub fn referenced(&self, pg: usize) -> bool {
-        self.referenced[pg / 64] & (1 << (pg % 64)) != 0
+        bit(&self.referenced, pg)
     }
 
     /// Sets or clears page `pg`'s referenced bit.
@@ -179,21 +170,9 @@ impl Table {
 }
 
 impl Table {
-    /// Whether the file holds page `pg`.
-    pub fn in_file(&self, pg: usize) -> bool {
-        self.in_file[pg / 64] & (1 << (pg % 64)) != 0
-    }
-
     /// Records whether the file holds page `pg`.
     pub fn set_in_file(&mut self, pg: usize, on: bool) {
-        if self.in_file(pg) != on {
-            set_bit(&mut self.in_file, pg, on);
-            if on {
-                self.in_file_count += 1;
-            } else {
-                self.in_file_count -= 1;
-            }
-        }
+        set_counted(&mut self.in_file, &mut self.in_file_count, pg, on);
     }
 
     /// How many pages the file holds.
@@ -263,6 +242,24 @@ impl Table {
         self.stamp[pg] = 0;
         self.refaults[pg] = 0;
     }
+}
+
+fn bit(bits: &[u64], pg: usize) -> bool {
+    bits[pg / 64] & (1 << (pg % 64)) != 0
+}
+
+/// Sets or clears page `pg`'s bit, keeping `count` of the bits set; whether it changed.
+fn set_counted(bits: &mut [u64], count: &mut usize, pg: usize, on: bool) -> bool {
+    if bit(bits, pg) == on {
+        return false;
+    }
+    set_bit(bits, pg, on);
+    if on {
+        *count += 1;
+    } else {
+        *count -= 1;
+    }
+    true
 }
 
 fn set_bit(bits: &mut [u64], pg: usize, on: bool) {

@@ -151,3 +151,18 @@ pub fn sampler(region: Arc<Region>, done: Arc<AtomicBool>) -> std::thread::JoinH
         max
     })
 }
+
+/// Waits up to 20 s for the region's resident bytes to come within `budget` plus the
+/// slack (idle pages only leave once armed and seen again, so time must pass); panics
+/// with `what` and the tier's counters if they do not.
+pub fn wait_within(region: &Region, budget: u64, what: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while region.tier().stats().resident > budget + slack(budget) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: {:?}",
+            region.tier().stats()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}

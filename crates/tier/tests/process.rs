@@ -6,7 +6,7 @@ mod common;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use common::{check, fill, sampler, slack, Region, MIB};
+use common::{check, fill, sampler, slack, wait_within, Region, MIB};
 use densevm_tier::PAGE;
 
 #[test]
@@ -100,16 +100,7 @@ fn a_lower_budget_moves_pages_out_and_discard_reads_zeros() {
     let before = region.tier().stats().resident;
     assert!(before >= 30 * MIB, "resident {before}");
     region.tier().set_budget(4 * MIB);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while region.tier().stats().resident > 4 * MIB + slack(4 * MIB) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{:?}",
-            region.tier().stats()
-        );
-        // Idle pages only go once armed and seen again: keep time moving.
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    wait_within(&region, 4 * MIB, "resident stayed over the lower budget");
     // Give the first half back: tiered data there must not come back.
     region.tier().discard(0, size / 2).unwrap();
     for pg in 0..region.pages() {
@@ -204,15 +195,11 @@ fn pages_written_behind_the_tiers_back_are_found_and_can_leave() {
         region.file.write_all_at(&buf, pg * PAGE).unwrap();
     }
     region.tier().set_budget(4 * MIB);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while region.tier().stats().resident > 4 * MIB + slack(4 * MIB) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "pages written behind the tier's back never left: {:?}",
-            region.tier().stats()
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    wait_within(
+        &region,
+        4 * MIB,
+        "pages written behind the tier's back never left",
+    );
     for pg in 0..region.pages() {
         assert!(check(region.page(pg), pg, 3), "page {pg} lost its data");
     }
