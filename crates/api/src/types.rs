@@ -323,6 +323,16 @@ pub struct MemoryTierInfo {
     pub demoted: u64,
     /// Accesses to pages out of RAM (served by copying them back).
     pub missing_faults: u64,
+    /// Of those, the ones served from the compressed store, the swap file and the
+    /// snapshot (a restore); the rest were pages never written (zeros).
+    #[serde(default)]
+    pub faults_compressed: u64,
+    /// See `faults_compressed`.
+    #[serde(default)]
+    pub faults_swap: u64,
+    /// See `faults_compressed`.
+    #[serde(default)]
+    pub faults_base: u64,
     /// Accesses to armed pages (the cold-page detector's samples).
     pub minor_faults: u64,
     /// Pages brought back ahead of access (sequential prefetch).

@@ -511,7 +511,8 @@ fn child(o: &Opts, mode: &str) {
         line += &format!(
             " budget={} tier_resident={} tier_compressed_bytes={} tier_compressed_data={} \
              tier_compressed_pages={} \
-             tier_swap_pages={} missing_faults={} minor_faults={} prefetched={} armed={} \
+             tier_swap_pages={} missing_faults={} faults_compressed={} faults_swap={} \
+             minor_faults={} prefetched={} armed={} \
              evicted_zero={} evicted_compressed={} evicted_swap={} demoted={} \
              service_ns_per_op={:.1}",
             b.budget,
@@ -521,6 +522,8 @@ fn child(o: &Opts, mode: &str) {
             b.compressed_pages,
             b.swap_pages,
             d(|s| s.missing_faults),
+            d(|s| s.faults_compressed),
+            d(|s| s.faults_swap),
             d(|s| s.minor_faults),
             d(|s| s.prefetched),
             d(|s| s.armed),

@@ -44,6 +44,7 @@ pub(crate) fn run(sh: Arc<Shared>) {
         page: vec![0u8; PAGE as usize],
         buf: vec![0u8; EVICT_BATCH * PAGE as usize],
         last_arm: Instant::now(),
+        last_check: Instant::now(),
         swap_error: false,
         store_error: false,
     };
@@ -53,6 +54,12 @@ pub(crate) fn run(sh: Arc<Shared>) {
         wait(&sh, if busy { Duration::ZERO } else { TICK }, spin);
         let mut st = sh.state.lock().unwrap_or_else(|p| p.into_inner());
         served = svc.serve_all(&sh, &mut st);
+        // The table's count of the file's pages, which the budget is kept by, against the
+        // kernel's, once a tick (pages written behind the tier's back count from then on).
+        if svc.last_check.elapsed() >= TICK {
+            svc.last_check = Instant::now();
+            sh.check_in_file(&mut st);
+        }
         let over = svc.evict_step(&sh, &mut st);
         if !over {
             svc.arm_ahead(&sh, &mut st);
@@ -130,6 +137,8 @@ struct Service {
     page: Vec<u8>,
     buf: Vec<u8>,
     last_arm: Instant,
+    /// When the table's page count was last checked against the file's.
+    last_check: Instant,
     swap_error: bool,
     /// The compressed store failed an insert (warned once).
     store_error: bool,
@@ -227,6 +236,12 @@ impl Service {
             }
             return;
         }
+        let source = match at {
+            Location::Compressed(_) => &sh.counters.faults_compressed,
+            Location::Swap(_) => &sh.counters.faults_swap,
+            _ => &sh.counters.faults_base,
+        };
+        Counters::add(source, 1);
         for i in 0..n {
             let p = pg + i;
             let at = st.table.get(p);
@@ -273,11 +288,10 @@ impl Service {
         // steps (nothing can leave, e.g. no swap file).
         let steps = 4 * st.table.pages().div_ceil(SCAN_LIMIT) + 8;
         for _ in 0..steps {
-            let resident = sh.resident();
-            if resident + st.compressed.bytes() + MAX_WINDOW as u64 * PAGE <= limit {
+            if st.resident() + st.compressed.bytes() + MAX_WINDOW as u64 * PAGE <= limit {
                 return;
             }
-            if !self.evict_step_at(sh, st, resident) {
+            if !self.evict_step(sh, st) {
                 return;
             }
         }
@@ -286,18 +300,11 @@ impl Service {
     /// While the tier is over its budget, moves up to a batch of cold pages out (the
     /// oldest armed pages go, the hand refills the pool). Returns whether it was over.
     fn evict_step(&mut self, sh: &Shared, st: &mut State) -> bool {
-        let resident = sh.resident();
-        self.evict_step_at(sh, st, resident)
-    }
-
-    /// [`Service::evict_step`] with the file's resident bytes just read.
-    fn evict_step_at(&mut self, sh: &Shared, st: &mut State, resident: u64) -> bool {
         let budget = sh.budget.load(Ordering::Relaxed);
-        let used = resident + st.compressed.bytes();
+        let used = st.resident() + st.compressed.bytes();
         if used <= budget {
             return false;
         }
-        sh.check_in_file(st, resident);
         let slack = (budget / 64).max(16 * PAGE);
         let want = ((used - budget + slack) / PAGE).min(EVICT_BATCH as u64) as usize;
         // The victims: the pages armed longest ago and not touched since.
@@ -327,7 +334,7 @@ impl Service {
     /// pages to go under pressure are known cold.
     fn arm_ahead(&mut self, sh: &Shared, st: &mut State) {
         let budget = sh.budget.load(Ordering::Relaxed);
-        if self.last_arm.elapsed() < TICK || sh.resident() <= budget / 8 * 7 {
+        if self.last_arm.elapsed() < TICK || st.resident() <= budget / 8 * 7 {
             return;
         }
         // Areas that fit the budget whole never need a page to leave: arming them would

@@ -113,6 +113,12 @@ fn eight_threads_read_a_base_under_a_quarter_budget_and_the_base_stays_intact() 
     // Pages only read (odd ones) left for nothing: they are in the base, unchanged.
     assert!(s.evicted_clean > 0, "{s:?}");
     assert!(s.base_pages > 0 && s.base_pages <= s.evicted_clean, "{s:?}");
+    // Every page with data started in the base: its first access read it from there.
+    assert!(s.faults_base > 0, "{s:?}");
+    assert!(
+        s.faults_base + s.faults_compressed + s.faults_swap <= s.missing_faults,
+        "{s:?}"
+    );
     assert!(
         peak <= budget + slack(budget),
         "resident peaked at {} KiB over a {} KiB budget",

@@ -47,6 +47,13 @@ fn eight_threads_keep_their_data_with_a_quarter_budget() {
     assert_eq!(bad.load(Ordering::Relaxed), 0, "pages read back wrong");
     assert!(s.evicted_compressed > 0 && s.evicted_swap > 0, "{s:?}");
     assert!(s.missing_faults > 0, "{s:?}");
+    // Every page is read back after leaving: from both stores, never from a base.
+    assert!(s.faults_compressed > 0 && s.faults_swap > 0, "{s:?}");
+    assert_eq!(s.faults_base, 0, "{s:?}");
+    assert!(
+        s.faults_compressed + s.faults_swap <= s.missing_faults,
+        "{s:?}"
+    );
     assert!(
         peak <= budget + slack(budget),
         "resident peaked at {} KiB over a {} KiB budget",
