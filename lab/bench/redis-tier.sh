@@ -65,7 +65,7 @@ start_vm() {
   [ "$1" = kernel ] && join="echo \$\$ > $cg/cgroup.procs"
   sh -c "$join && exec densevm run --kernel $GUEST_VMLINUX --initrd $INITRD --memory $MEM \
     --vsock cid=3,uds=$W/v.sock --api-sock $W/api.sock $budget --report-json $W/$1.json \
-    --cmdline 'console=ttyS0 panic=-1 quiet densevm.agent hold densevm.script=$GUEST_B64'" > "$W/$1.log" 2>&1 &
+    --cmdline '${BENCH_REDIS_CMDLINE:-}console=ttyS0 panic=-1 quiet densevm.agent hold densevm.script=$GUEST_B64'" > "$W/$1.log" 2>&1 &
   vm=$!
   wait_for_line_pid "$W/$1.log" DENSEVM-REDIS-STARTED 300 "$vm" || { tail -n 20 "$W/$1.log"; fail "$1: the guest did not start Redis"; }
   X="densevm exec --api-sock $W/api.sock --wait 120 --no-stdin --"
@@ -86,6 +86,21 @@ zram_used() { awk '{ print $3 }' /sys/block/zram0/mm_stat 2> /dev/null || echo 0
 vmm_rss_kib() { awk '$1 == "Rss:" { print $2 }' "/proc/$vm/smaps_rollup"; }
 # ram_kib: guest RAM resident in the VMM (its memfd densevm-ram mappings).
 ram_kib() { awk '/^[0-9a-f]+-[0-9a-f]+ / { r = / densevm-ram / || /memfd:densevm-ram/ } r && $1 == "Rss:" { s += $2 } END { print s + 0 }' "/proc/$vm/smaps"; }
+
+# perf_window DELAY SECS: after DELAY s, samples the VMM for SECS s; prints where its
+# threads spent their time.
+perf_window() {
+  pr=$LAB_EXTRA/perf-root
+  perf="$pr/lib64/ld-linux-x86-64.so.2 --library-path $pr/lib/x86_64-linux-gnu $pr/usr/bin/perf"
+  sleep "$1"
+  $perf record -F 499 -g -p "$vm" -o "$W/perf.data" -- sleep "$2" > "$W/perf.log" 2>&1 || { cat "$W/perf.log"; return; }
+  echo "PERF by thread:"
+  $perf report -i "$W/perf.data" --sort comm --stdio -g none 2> /dev/null | grep '%' | head -20
+  echo "PERF by symbol:"
+  $perf report -i "$W/perf.data" --no-children --sort comm,dso,sym --stdio -g none 2> /dev/null | grep '%' | head -70
+  echo "PERF tier thread, callers:"
+  $perf report -i "$W/perf.data" --comm tier --children --sort sym --stdio -g none 2> /dev/null | grep '%' | head -60
+}
 
 ws_kib=${BENCH_REDIS_WS_KIB:-}
 for mode in $MODES; do
@@ -146,10 +161,15 @@ for mode in $MODES; do
     if [ "$mode" != kernel ]; then
       tier_get
       m0=$(tier_n missing_faults) n0=$(tier_n minor_faults) c0=$(tier_n service_cpu_us)
+      z0=$(tier_n faults_compressed) w0=$(tier_n faults_swap)
     else
       s0=$(awk '$1 == "pswpin" { print $2 }' /proc/vmstat)
     fi
     u0=$(awk '{ print $14 + $15 }' "/proc/$vm/stat")
+    # BENCH_REDIS_PERF=MODE@SHARE: profile the VMM (perf record -g, cpu-clock) through that
+    # window's measured part, with the perf of build/lab/perf-root (LAB_EXTRA) — a
+    # diagnosis aid, not a result.
+    [ "${BENCH_REDIS_PERF:-}" = "$mode@$share" ] && perf_window "$WARM" "$SECS" &
     $X kvzipf run "$KEYS" "$VLEN" "$WARM" "$SECS" "$seed" > "$W/run.out" 2>&1 || { cat "$W/run.out"; fail "$mode $share: kvzipf run"; }
     u1=$(awk '{ print $14 + $15 }' "/proc/$vm/stat")
     ops=$(sed -n 's/.*ops_per_s=\([0-9.]*\).*/\1/p' "$W/run.out")
@@ -158,7 +178,7 @@ for mode in $MODES; do
       tier_get
       res=$(tier_n resident_kib) comp=$(tier_n compressed_kib)
       dram=$((res + comp))
-      faults="missing=$(($(tier_n missing_faults) - m0)) minor=$(($(tier_n minor_faults) - n0)) svc_cpu_ms=$((($(tier_n service_cpu_us) - c0) / 1000)) swap_pages=$(tier_n swap_pages)"
+      faults="missing=$(($(tier_n missing_faults) - m0)) from_compressed=$(($(tier_n faults_compressed) - z0)) from_swap=$(($(tier_n faults_swap) - w0)) minor=$(($(tier_n minor_faults) - n0)) svc_cpu_ms=$((($(tier_n service_cpu_us) - c0) / 1000)) swap_pages=$(tier_n swap_pages)"
     else
       # Everything the cgroup holds plus zram, less what it held besides guest RAM after the
       # load: the kernel may swap the VMM's other pages too (the guest's copy-on-write
