@@ -11,6 +11,10 @@
 //! do nothing the VMM could not do before its filters; it ends when the VMM's end of the
 //! socket closes (clones that still run are then reparented, as they were before).
 //!
+//! It starts nothing but clones: its own executable, as `run --restore … --clone-index
+//! …` with the flags a clone is given ([`Allowed`]), so a guest that took over the VMM
+//! can make it start densevm clones with arguments of its choosing, not other programs.
+//!
 //! Request: one message, entries each ending in NUL: `a<bytes>` a literal argument (the
 //! first is the program), `f<i>` the number of the i-th descriptor passed with the
 //! message (`SCM_RIGHTS`); descriptors 0 and 1 are the child's stdout and stderr. Answer:
@@ -45,9 +49,94 @@ pub fn running() -> bool {
     LAUNCHER.get().is_some()
 }
 
-/// Forks the launcher. Call it while the process is single-threaded, before seccomp
-/// filters are installed.
-pub fn start() -> anyhow::Result<()> {
+/// What the launcher starts: its own executable, as a clone (`run --restore DIR
+/// --clone-index N ...`) with only the flags clones are given, and the VMM's own
+/// `--seccomp` mode if it is not the default (`off` and `log` are inherited, never chosen).
+pub struct Allowed {
+    /// This executable (as the VMM names it for its clones), or why it was not found.
+    exe: Result<OsString, String>,
+    seccomp: Option<&'static str>,
+}
+
+/// Flags of a clone's command line that take a value (checked by [`Allowed::check`]).
+const CLONE_FLAGS: &[&str] = &[
+    "--restore",
+    "--api-sock",
+    "--id",
+    "--clone-index",
+    "--console-sock",
+    "--ready-fd",
+    "--ram-fd",
+    "--memory-budget",
+    "--net-override",
+    "--seccomp",
+];
+
+impl Allowed {
+    /// Clones of this executable, with `seccomp` the `--seccomp` value they inherit.
+    pub fn new(exe: io::Result<OsString>, seccomp: Option<&'static str>) -> Allowed {
+        Allowed {
+            exe: exe.map_err(|e| e.to_string()),
+            seccomp,
+        }
+    }
+
+    /// Whether `argv` is a clone's command line; the reason if not.
+    pub fn check(&self, argv: &[OsString]) -> Result<(), String> {
+        let refuse = |why: String| Err(format!("clone launcher: refused: {why}"));
+        let exe = match &self.exe {
+            Ok(exe) => exe,
+            Err(e) => return refuse(format!("it could not find its own executable: {e}")),
+        };
+        match argv.first() {
+            Some(p) if p == exe => {}
+            Some(p) => {
+                return refuse(format!(
+                    "it starts only {} (asked for {})",
+                    exe.to_string_lossy(),
+                    p.to_string_lossy()
+                ))
+            }
+            None => return Err("clone launcher: empty request".into()),
+        }
+        if argv.get(1).is_none_or(|a| a != "run") {
+            return refuse("it starts only `run` (a clone)".into());
+        }
+        let (mut restore, mut index) = (false, false);
+        let mut rest = argv[2..].iter();
+        while let Some(flag) = rest.next() {
+            let flag = flag.to_string_lossy();
+            if flag == "--trace" {
+                continue;
+            }
+            if !CLONE_FLAGS.contains(&flag.as_ref()) {
+                return refuse(format!("{flag} is not a clone's flag"));
+            }
+            let Some(value) = rest.next() else {
+                return refuse(format!("{flag} without a value"));
+            };
+            match flag.as_ref() {
+                "--restore" => restore = true,
+                "--clone-index" => index = true,
+                "--seccomp" if self.seccomp != Some(&*value.to_string_lossy()) => {
+                    return refuse(format!(
+                        "--seccomp {}: clones run with this VMM's filters",
+                        value.to_string_lossy()
+                    ))
+                }
+                _ => {}
+            }
+        }
+        if !(restore && index) {
+            return refuse("a clone needs --restore and --clone-index".into());
+        }
+        Ok(())
+    }
+}
+
+/// Forks the launcher, which starts what `allowed` admits. Call it while the process is
+/// single-threaded, before seccomp filters are installed.
+pub fn start(allowed: Allowed) -> anyhow::Result<()> {
     let mut fds = [0; 2];
     // SAFETY: socketpair writes two new descriptors into `fds`, owned from here on.
     if unsafe {
@@ -75,7 +164,7 @@ pub fn start() -> anyhow::Result<()> {
         ),
         0 => {
             drop(vmm);
-            serve(launcher)
+            serve(launcher, &allowed)
         }
         _ => {
             drop(launcher);
@@ -130,7 +219,7 @@ pub fn spawn(args: &[Arg<'_>], stdout: &OwnedFd, stderr: &OwnedFd) -> anyhow::Re
 }
 
 /// The launcher's loop; never returns.
-fn serve(sock: OwnedFd) -> ! {
+fn serve(sock: OwnedFd, allowed: &Allowed) -> ! {
     // SAFETY: PR_SET_NAME copies at most 16 bytes from a NUL-terminated string.
     unsafe { libc::prctl(libc::PR_SET_NAME, c"densevm-launch".as_ptr()) };
     // Only stdin, stdout, stderr and the socket stay open (the VMM's other descriptors
@@ -179,7 +268,7 @@ fn serve(sock: OwnedFd) -> ! {
                 // SAFETY: as above.
                 unsafe { libc::_exit(0) }
             }
-            Ok((n, fds)) => launch(&buf[..n], fds),
+            Ok((n, fds)) => launch(&buf[..n], fds, &|argv| allowed.check(argv)),
             Err(e) if e.kind() == io::ErrorKind::Other => Err(format!("clone launcher: {e}")),
             Err(_) => {
                 // SAFETY: as above.
@@ -194,8 +283,12 @@ fn serve(sock: OwnedFd) -> ! {
     }
 }
 
-/// Starts one request's program.
-fn launch(req: &[u8], fds: Vec<OwnedFd>) -> Result<u32, String> {
+/// Starts one request's program, if `check` admits its argv.
+fn launch(
+    req: &[u8],
+    fds: Vec<OwnedFd>,
+    check: &dyn Fn(&[OsString]) -> Result<(), String>,
+) -> Result<u32, String> {
     if fds.len() < 2 {
         return Err("clone launcher: a request needs stdout and stderr".into());
     }
@@ -217,6 +310,7 @@ fn launch(req: &[u8], fds: Vec<OwnedFd>) -> Result<u32, String> {
             _ => return Err("clone launcher: bad request".into()),
         }
     }
+    check(&argv)?;
     let mut fds = fds.into_iter();
     let (out, err) = (fds.next().unwrap(), fds.next().unwrap());
     let child = start_process(&argv, out, err, keep)?;
@@ -452,7 +546,7 @@ mod tests {
         let mut buf = vec![0u8; MAX_REQUEST];
         let (n, got) = recv(b.as_raw_fd(), &mut buf).unwrap();
         assert_eq!((n, got.len()), (req.len(), 3));
-        let pid = launch(&buf[..n], got).unwrap();
+        let pid = launch(&buf[..n], got, &|_| Ok(())).unwrap();
         assert!(pid > 0);
         let mut text = String::new();
         // EOF once the child ends: the launcher closed its copy of the pipe.
@@ -469,6 +563,7 @@ mod tests {
     #[test]
     fn bad_requests_are_refused_with_a_reason() {
         let two = || vec![null(), null()];
+        let launch = |req: &[u8], fds| launch(req, fds, &|_| Ok(()));
         let e = launch(b"", two()).unwrap_err();
         assert!(e.contains("empty request"), "{e}");
         let e = launch(b"x/bin/true\0", two()).unwrap_err();
@@ -481,5 +576,85 @@ mod tests {
         assert!(e.contains("stdout and stderr"), "{e}");
         let e = launch(b"a/nonexistent/densevm\0", two()).unwrap_err();
         assert!(e.contains("cannot start /nonexistent/densevm"), "{e}");
+    }
+
+    fn argv(args: &[&str]) -> Vec<OsString> {
+        args.iter().map(OsString::from).collect()
+    }
+
+    /// A clone's command line as `clones.rs` builds it.
+    const CLONE: &[&str] = &[
+        "/usr/bin/densevm",
+        "run",
+        "--trace",
+        "--restore",
+        "/run/d",
+        "--api-sock",
+        "/run/d/c.sock",
+        "--id",
+        "clone-0",
+        "--clone-index",
+        "0",
+        "--console-sock",
+        "/run/d/c.console.sock",
+        "--ready-fd",
+        "5",
+        "--ram-fd",
+        "6",
+        "--memory-budget",
+        "64M",
+        "--net-override",
+        "eth0=tap1",
+    ];
+
+    #[test]
+    fn the_launcher_starts_clones_of_its_own_executable_only() {
+        let allowed = Allowed::new(Ok("/usr/bin/densevm".into()), None);
+        allowed.check(&argv(CLONE)).unwrap();
+        let refused = |args: &[&str], why: &str| {
+            let e = allowed.check(&argv(args)).unwrap_err();
+            assert!(e.contains("refused") && e.contains(why), "{args:?}: {e}");
+        };
+        let mut other = CLONE.to_vec();
+        other[0] = "/bin/sh";
+        refused(&other, "starts only /usr/bin/densevm");
+        refused(&["/usr/bin/densevm", "vm", "clone"], "only `run`");
+        refused(&["/usr/bin/densevm"], "only `run`");
+        refused(
+            &[CLONE, &["--kernel", "/tmp/x"]].concat(),
+            "--kernel is not a clone's flag",
+        );
+        refused(
+            &[CLONE, &["--jail"]].concat(),
+            "--jail is not a clone's flag",
+        );
+        refused(&[CLONE, &["--id"]].concat(), "--id without a value");
+        refused(&CLONE[..9], "needs --restore and --clone-index");
+        // A filtered VMM's clones are filtered: no `--seccomp off` or `log` for them.
+        refused(&[CLONE, &["--seccomp", "off"]].concat(), "--seccomp off");
+        refused(&[CLONE, &["--seccomp", "log"]].concat(), "--seccomp log");
+        // An unfiltered one's clones inherit exactly its mode.
+        let off = Allowed::new(Ok("/usr/bin/densevm".into()), Some("off"));
+        off.check(&argv(&[CLONE, &["--seccomp", "off"]].concat()))
+            .unwrap();
+        let e = off
+            .check(&argv(&[CLONE, &["--seccomp", "log"]].concat()))
+            .unwrap_err();
+        assert!(e.contains("--seccomp log"), "{e}");
+        assert!(allowed.check(&[]).unwrap_err().contains("empty request"));
+        let lost = Allowed::new(Err(io::Error::other("no /proc")), None);
+        let e = lost.check(&argv(CLONE)).unwrap_err();
+        assert!(
+            e.contains("could not find its own executable: no /proc"),
+            "{e}"
+        );
+    }
+
+    /// A refused request starts nothing and says why.
+    #[test]
+    fn a_refused_request_starts_nothing() {
+        let allowed = Allowed::new(Ok("/usr/bin/densevm".into()), None);
+        let e = launch(b"a/bin/true\0", vec![null(), null()], &|a| allowed.check(a)).unwrap_err();
+        assert!(e.contains("starts only /usr/bin/densevm"), "{e}");
     }
 }

@@ -283,7 +283,10 @@ pub fn main(mut args: RunArgs) -> anyhow::Result<i32> {
     // A VM serving an API socket can be asked for clones: the launcher that will start
     // them is forked now, before any filter, so that no VMM thread needs `execve`.
     if args.api_sock.is_some() {
-        crate::cmd::launcher::start()?;
+        crate::cmd::launcher::start(crate::cmd::launcher::Allowed::new(
+            std::env::current_exe().map(|p| p.into_os_string()),
+            args.seccomp.inherited(),
+        ))?;
     }
     crate::cmd::seccomp::setup(args.seccomp, args.seccomp_test_violation)?;
     if args.kernel.is_none() && (args.initrd.is_some() || args.cmdline.is_some()) {

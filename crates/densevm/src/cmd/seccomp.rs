@@ -20,6 +20,15 @@ pub enum Seccomp {
 impl Seccomp {
     /// The flag value clones of this VM are started with (they inherit `off` and `log`);
     /// `None` when it is the default.
+    pub fn inherited(self) -> Option<&'static str> {
+        match self {
+            Seccomp::Off => Some("off"),
+            Seccomp::Log => Some("log"),
+            Seccomp::On => None,
+        }
+    }
+
+    /// [`Seccomp::inherited`] of the mode this process set up.
     pub fn for_clones() -> Option<&'static str> {
         match densevm_seccomp::mode() {
             densevm_seccomp::Mode::Off => Some("off"),
