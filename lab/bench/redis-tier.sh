@@ -1,4 +1,5 @@
 #!/bin/sh
+# lab-disk: 1G
 # Redis inside the L2 guest under a DRAM budget (issue #13's Redis-in-guest benchmark), run
 # in L1 by `make bench-redis-tier` (lab/run lab/bench/redis-tier.sh with the initrd of
 # lab/guest/build-redis.sh in LAB_EXTRA). One L1 boot, three L2 VMs one after the other
@@ -40,6 +41,16 @@ MODES=${BENCH_REDIS_MODES:-tier kernel tier-eq tier-eq-hi}
 SHARES=${BENCH_REDIS_SHARES:-1/1 1/2 1/3 1/4}
 W=/tmp/redis-tier
 tmpfs_workdir "$W"
+# The tier's swap file goes on the scratch disk (# lab-disk above): L1's own files live in
+# RAM, where a swap file would be DRAM the budget does not count, read at memory speed.
+SWAPDIR=$W
+if [ -b /dev/vda ]; then
+  mke2fs -F /dev/vda > /dev/null 2>&1 || fail "mke2fs /dev/vda"
+  mkdir -p /mnt/tier && mount -t ext4 /dev/vda /mnt/tier || fail "mount /dev/vda (ext4 module?)"
+  SWAPDIR=/mnt/tier
+else
+  echo "# redis-tier: no scratch disk (/dev/vda): the tier's swap file is in L1's RAM"
+fi
 echo "# redis-tier: $(date -u +%Y-%m-%dT%H:%MZ), L1 $(nproc) vCPUs, L2 $MEM, $KEYS keys x $VLEN B, windows ${WARM}+${SECS} s, modes: $MODES"
 
 GUEST='ip link set lo up
@@ -52,6 +63,7 @@ cleanup() {
   [ -n "$vm" ] && kill -9 "$vm" 2> /dev/null
   swapoff /dev/zram0 2> /dev/null
   rmdir "$cg" 2> /dev/null
+  umount /mnt/tier 2> /dev/null
 }
 trap cleanup EXIT
 
@@ -59,7 +71,7 @@ trap cleanup EXIT
 start_vm() {
   rm -f "$W"/*.sock
   budget=
-  [ "$1" != kernel ] && budget="--memory-budget $MEM"
+  [ "$1" != kernel ] && budget="--memory-budget $MEM,swap_dir=$SWAPDIR"
   # The kernel mode's VMM joins the cgroup before it allocates anything.
   join=:
   [ "$1" = kernel ] && join="echo \$\$ > $cg/cgroup.procs"
