@@ -100,7 +100,9 @@ vmm_rss_kib() { awk '$1 == "Rss:" { print $2 }' "/proc/$vm/smaps_rollup"; }
 ram_kib() { awk '/^[0-9a-f]+-[0-9a-f]+ / { r = / densevm-ram / || /memfd:densevm-ram/ } r && $1 == "Rss:" { s += $2 } END { print s + 0 }' "/proc/$vm/smaps"; }
 
 # perf_window DELAY SECS: after DELAY s, samples the VMM for SECS s; prints where its
-# threads spent their time.
+# threads spent their time. It runs the host's perf (Debian 12's linux-perf, version 6.1
+# like L1's kernel) packed with its libraries into build/lab/perf-root and passed in
+# LAB_EXTRA: `. lab/lib/common.sh && copy_with_libs build/lab/perf-root /usr/bin/perf`.
 perf_window() {
   pr=$LAB_EXTRA/perf-root
   perf="$pr/lib64/ld-linux-x86-64.so.2 --library-path $pr/lib/x86_64-linux-gnu $pr/usr/bin/perf"
