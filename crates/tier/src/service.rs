@@ -251,11 +251,13 @@ impl Service {
             let dst = addr + i as u64 * PAGE;
             // SAFETY: `self.page` is a live buffer of one page.
             let r = unsafe { sh.uffd.copy(self.page.as_ptr(), dst, PAGE, false, true) };
+            if r.is_ok() {
+                st.table.set_in_file(p, true);
+            }
             match r {
-                Ok(Resolved::Filled(_)) => st.table.set_in_file(p, true),
+                Ok(Resolved::Filled(_)) => {}
                 // The file got the page some other way (it wins): wake the waiters.
                 Ok(Resolved::Exists) => {
-                    st.table.set_in_file(p, true);
                     let _ = sh.uffd.wake(dst, PAGE);
                 }
                 Err(e) if i > 0 => {

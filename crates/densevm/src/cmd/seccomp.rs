@@ -30,11 +30,12 @@ impl Seccomp {
 
     /// [`Seccomp::inherited`] of the mode this process set up.
     pub fn for_clones() -> Option<&'static str> {
-        match densevm_seccomp::mode() {
-            densevm_seccomp::Mode::Off => Some("off"),
-            densevm_seccomp::Mode::Log => Some("log"),
-            densevm_seccomp::Mode::On | densevm_seccomp::Mode::Unset => None,
-        }
+        let mode = match densevm_seccomp::mode() {
+            densevm_seccomp::Mode::Off => Seccomp::Off,
+            densevm_seccomp::Mode::Log => Seccomp::Log,
+            densevm_seccomp::Mode::On | densevm_seccomp::Mode::Unset => Seccomp::On,
+        };
+        mode.inherited()
     }
 }
 
