@@ -22,7 +22,8 @@ BENCH_TARGETS += bench-restore-budget
 #   make bench-redis-tier   Redis inside a Debian L2 guest (nested lab): a zipfian YCSB-B
 #                     client (lab/guest/kvzipf.c) at DRAM = 1/1..1/4 of the guest's working
 #                     set, under densevm's tier and under L1's kernel (cgroup v2 memory.high,
-#                     zram) in the same L1 run; knobs BENCH_REDIS_* (lab/bench/redis-tier.sh).
+#                     zswap charged to the cgroup, swap file on a scratch disk) in the same
+#                     L1 run; knobs BENCH_REDIS_* (lab/bench/redis-tier.sh).
 #                     Results in build/lab/redis-tier.txt.
 .PHONY: bench-redis-tier
 bench-redis-tier: guest

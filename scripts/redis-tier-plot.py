@@ -4,7 +4,7 @@ throughput as a fraction of the same mode's all-DRAM windows against the DRAM th
 RAM used (a fraction of the working set), one line per mode, points labelled with their
 configured share; the kernel's points carry a dashed span from its DRAM counted low
 (memory.current + zram - the cgroup's other charge after the load) to high (resident guest
-RAM + all of zram).
+RAM + all of zram, or of zswap's pool).
 
 usage: scripts/redis-tier-plot.py OUTPUT.txt [OUTPUT2.txt ...] OUT.svg
 
@@ -16,13 +16,22 @@ import sys
 
 import plotframe
 
-COLORS = {"tier": "#1f77b4", "tier-eq": "#17becf", "tier-eq-hi": "#2ca02c", "kernel": "#d62728"}
+COLORS = {
+    "tier": "#1f77b4",
+    "tier-eq": "#17becf",
+    "tier-eq-hi": "#2ca02c",
+    "kernel": "#d62728",
+    "kernel-zswap": "#ff7f0e",
+}
 LABELS = {
     "tier": "densevm tier, budget = share x WS (LZ4 store counted)",
     "tier-eq": "densevm tier, budget = the kernel's DRAM (low count)",
     "tier-eq-hi": "densevm tier, budget = the kernel's DRAM (high count)",
     "kernel": "L1 kernel: memory.high + zram (dashed: its DRAM counted low to high)",
+    "kernel-zswap": "L1 kernel: memory.high + zswap + swap file (dashed: low to high)",
 }
+# The mode's pool of compressed pages, in the raw lines: what its DRAM counted high adds.
+POOL = {"kernel": "zram_kib", "kernel-zswap": "zswap_kib"}
 
 
 def runs(path: str) -> list[dict]:
@@ -47,7 +56,7 @@ def main() -> int:
     points: dict[tuple[str, str], list[tuple[float, float]]] = {}
     # The kernel's DRAM counted low (the cgroup's other charge all subtracted) to high
     # (resident guest RAM + all of zram), at its throughput.
-    spans: list[tuple[float, float, float]] = []
+    spans: list[tuple[str, float, float, float]] = []
     for path in sys.argv[1:-1]:
         rows = runs(path)
         if not rows or rows[0]["ws"] is None:
@@ -67,9 +76,10 @@ def main() -> int:
                 points.setdefault((mode, r["share"]), []).append(
                     (float(r["dram_kib"]) / r["ws"], norm)
                 )
-                if "guest_ram_rss_kib" in r and "zram_kib" in r:
-                    hi = (float(r["guest_ram_rss_kib"]) + float(r["zram_kib"])) / r["ws"]
-                    spans.append((float(r["dram_kib"]) / r["ws"], hi, norm))
+                pool = POOL.get(mode)
+                if pool and "guest_ram_rss_kib" in r and pool in r:
+                    hi = (float(r["guest_ram_rss_kib"]) + float(r[pool])) / r["ws"]
+                    spans.append((mode, float(r["dram_kib"]) / r["ws"], hi, norm))
     left, top, ph = plotframe.LEFT, plotframe.TOP, plotframe.PH
     x = plotframe.x
     y = lambda v: top + ph * (1 - min(max(v, 0), 1.2) / 1.2)  # noqa: E731
@@ -80,13 +90,14 @@ def main() -> int:
         "ops/s, % of the same mode's all-DRAM windows",
         [(i / 10, f"{i * 10}%") for i in range(0, 13, 2)],
     )
-    for lo, hi, v in spans:
+    for mode, lo, hi, v in spans:
         out.append(
             f'<line x1="{x(lo):.1f}" y1="{y(v):.1f}" x2="{x(hi):.1f}" y2="{y(v):.1f}" '
-            f'stroke="{COLORS["kernel"]}" stroke-width="1" stroke-dasharray="3,2"/>'
+            f'stroke="{COLORS[mode]}" stroke-width="1" stroke-dasharray="3,2"/>'
         )
-    ly = top + ph - 88
-    for mode in ("tier", "tier-eq", "tier-eq-hi", "kernel"):
+    shown = [m for m in COLORS if any(k == m for k, _ in points)]
+    ly = top + ph - 18 * len(shown) - 16
+    for mode in shown:
         pts = sorted(
             (
                 (sum(a for a, _ in p) / len(p), sum(b for _, b in p) / len(p), share, p)
