@@ -10,15 +10,12 @@
 #     boot through the fleet: `hi` (priority high) and `base`, which is paused, snapshotted
 #     (full) through its API socket and deleted; the fleet then restores `low-1..4` (low)
 #     from that snapshot (`fleet create --restore`), so only two guests boot under TCG.
-#     5 x 512 MiB = 2.5 GiB > L1's 2 GiB. Before the restores the snapshot's memory file
-#     (on L1's tmpfs) gets all its pages (fallocate): a restored VM's first touch of a page
-#     that is a hole in that file also allocates the page in the file (shmem faults
-#     allocate, even for a MAP_PRIVATE read), charged to the VM's cgroup and never given
-#     back by its balloon; the Debian guest zeroes every page it allocates (init_on_alloc),
-#     balloon pages included, so the low VMs' first inflates cost L1 memory instead of
-#     freeing it (L1 fell to 122 MiB while the low VMs inflated by 1 GiB), and a restored hi
-#     was OOM-killed by its cgroup (memory.max = RAM + 64 MiB) at 185 MiB RSS. hi is booted,
-#     not restored, for the same reason. A densevm finding, not the fleet's: docs/fleet.md.
+#     5 x 512 MiB = 2.5 GiB > L1's 2 GiB. The snapshot's memory file (on L1's tmpfs) stays
+#     sparse: a restore maps its holes anonymous (a hole touched through the private file
+#     mapping would allocate a tmpfs page, charged to the VM's cgroup and out of its
+#     balloon's reach; docs/fleet.md), so the low VMs' balloons give back what the guest
+#     zeroed there (Debian's init_on_alloc). Before that fix this test allocated the whole
+#     file first (fallocate).
 #  3. `hi` is squeezed to 256 MiB (`fleet set --balloon 256M`, as an earlier squeeze of an
 #     idle VM would leave it). The low VMs read their disk into their page cache, in rounds,
 #     until L1's MemAvailable is about 64 MiB over the high watermark: the low VMs hold real
@@ -205,12 +202,8 @@ densevm vm snapshot --api-sock "$(sock base api.sock)" --dir "$W/snap" --json > 
   fail "snapshot base: $(cat "$W/snap.json")"
 densevm fleet delete --sock "$S" base > /dev/null || fail "fleet delete base"
 sparse=$(du -m "$W/snap" | tail -n 1 | cut -f1)
-# Every page of the memory file allocated now, once (see 2. above): the restored VMs' first
-# touches, the guest kernel's zeroing of every page it allocates (Debian's init_on_alloc,
-# balloon pages included) among them, then cost L1 one private copy, not a file page too.
 [ -s "$W/snap/memory" ] || fail "no $W/snap/memory in the snapshot"
-fallocate -l "$(stat -c %s "$W/snap/memory")" "$W/snap/memory" || fail "fallocate $W/snap/memory"
-echo "full snapshot of base: $sparse MiB on L1's tmpfs (sparse), $(du -m "$W/snap" | tail -n 1 | cut -f1) MiB once its holes are allocated; base deleted"
+echo "full snapshot of base: $sparse MiB on L1's tmpfs (sparse); base deleted"
 for vm in $LOWS; do
   densevm fleet create --sock "$S" --id $vm --restore "$W/snap" --memory ${MEM}M --priority low > "$W/create.txt" 2>&1 ||
     fail "fleet create --restore $vm: $(cat "$W/create.txt")"
