@@ -12,6 +12,11 @@
 #  - clones: a clone of the restored VM without a tap of its own is refused; two clones with
 #    --net-override net0=tapc{index} each open their own tap (tapc0, tapc1) and serve the
 #    guest's file to L1 over it (L1's address moved from tap to tap), sha256 again;
+#  - the fleet: `densevm fleet create --restore` of the same snapshot with --net-override
+#    net0=tapf0 (Firecracker's network_overrides) and a 24 MiB DRAM budget serves the
+#    guest's file over tapf0 (sha256 again); its tier read pages from the snapshot on first
+#    access and holds its RAM within the budget (this guest touches only a few MiB after
+#    the restore: budgets that bite are lab/tests/tiering.sh's);
 #  - a tap that vanishes: L1 deletes tap0 under the restored VM; the guest sees its link go
 #    down and ends normally, densevm logs the failure and exits 0.
 . "$LAB_SRC/lib/test-lib.sh"
@@ -169,6 +174,38 @@ done
 kill $CLONE_PIDS 2>/dev/null
 ip addr add 192.168.77.1/24 dev tap0 || fail "ip addr add on tap0 again"
 echo "ok: two clones of the restored VM, each on its own tap, served their file"
+
+# ---- the fleet restores the snapshot on a tap of its own, under a DRAM budget -------------
+tunctl -t tapf0 > /dev/null || fail "tunctl -t tapf0"
+ip link set tapf0 up || fail "ip link set tapf0 up"
+FS=$W/fleet.sock
+densevm fleet serve --sock "$FS" --state-dir "$W/fleet" --cgroup off > fleet.log 2>&1 &
+FLEETD=$!
+trap 'kill $HTTPD_PID $FLEETD 2>/dev/null' EXIT
+i=0
+until densevm fleet list --sock "$FS" > /dev/null 2>&1; do
+  kill -0 $FLEETD 2>/dev/null || { cat fleet.log; fail "the fleet daemon exited"; }
+  i=$((i + 1))
+  [ $i -lt 100 ] || { cat fleet.log; fail "the fleet daemon does not answer on $FS"; }
+  sleep 0.2
+done
+densevm fleet create --sock "$FS" --id r0 --restore "$W/snap" --memory 256M --net-override net0=tapf0 \
+  --memory-budget 24M > fcreate.txt 2>&1 || fail "fleet create --restore --net-override: $(cat fcreate.txt)"
+ip addr del 192.168.77.1/24 dev tap0 || fail "ip addr del on tap0"
+ip addr add 192.168.77.1/24 dev tapf0 || fail "ip addr add on tapf0"
+fetch_from_guest fleet0.bin
+same "the fleet's restore on tapf0: L1 <- guest sha256 matches" "$l2_sum" "$(sha256sum < fleet0.bin | cut -d' ' -f1)"
+[ "$(cat /sys/class/net/tapf0/statistics/tx_packets)" -gt 0 ] || fail "tapf0 carried no packets to the fleet's VM"
+densevm vm memory-tier --api-sock "$W/fleet/vms/r0/api.sock" --json > ftier.json || fail "GET /memory-tier of the fleet's VM"
+res=$(json_number ftier.json resident_kib) base=$(json_number ftier.json faults_base)
+# The budget plus the tier's slack (1/32 of it, at least 1 MiB).
+[ "$res" -le $((25 * 1024)) ] || fail "the fleet's VM holds $res KiB of RAM, over its 24 MiB budget + slack"
+[ "$base" -gt 0 ] || fail "the fleet's VM read no page from its snapshot: $(cat ftier.json)"
+echo "ok: the fleet's restore under a 24 MiB budget: $res KiB resident, $base faults served from the snapshot"
+densevm fleet delete --sock "$FS" r0 > /dev/null || fail "fleet delete r0"
+kill $FLEETD
+ip addr del 192.168.77.1/24 dev tapf0
+ip addr add 192.168.77.1/24 dev tap0 || fail "ip addr add on tap0 again"
 
 # ---- the tap vanishes ------------------------------------------------------------------------
 ip link del tap0 || fail "ip link del tap0"
