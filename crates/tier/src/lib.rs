@@ -261,6 +261,17 @@ impl Shared {
             .unwrap_or(self.budget.load(Ordering::Relaxed) / 4)
     }
 
+    /// Whether a fault message waits on the userfaultfd (a poll that does not sleep).
+    fn fault_waiting(&self) -> bool {
+        let mut fd = libc::pollfd {
+            fd: self.uffd.raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: a non-blocking poll of one pollfd we own.
+        unsafe { libc::poll(&mut fd, 1, 0) > 0 }
+    }
+
     fn wake_service(&self) {
         let one = 1u64.to_ne_bytes();
         // SAFETY: writing 8 bytes to an eventfd we own.

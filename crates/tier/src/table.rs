@@ -153,6 +153,16 @@ impl Table {
         None
     }
 
+    /// Puts `pages` (taken by [`Table::oldest_armed`], in that order) back at the front
+    /// of the armed queue, those still armed: the next victims again.
+    pub fn requeue_armed(&mut self, pages: &[usize]) {
+        for &p in pages.iter().rev() {
+            if self.armed(p) {
+                self.arm_queue.push_front(p as u32);
+            }
+        }
+    }
+
     /// How many pages are armed.
     pub fn armed_count(&self) -> usize {
         self.armed_count
@@ -340,6 +350,27 @@ mod tests {
         assert_eq!(t.in_file_count(), 4);
         t.clear_in_file();
         assert_eq!((t.in_file_count(), t.next_in_file(0, 300)), (0, None));
+    }
+
+    #[test]
+    fn victims_not_evicted_go_back_first() {
+        let mut t = Table::new(100);
+        for pg in [5, 6, 7, 8] {
+            t.set_armed(pg, true);
+        }
+        let taken: Vec<usize> = (0..3).filter_map(|_| t.oldest_armed()).collect();
+        assert_eq!(taken, [5, 6, 7]);
+        // 5 was evicted; 6 was touched meanwhile (disarmed); 7 waits for the next step.
+        t.set_armed(5, false);
+        t.set_armed(6, false);
+        t.requeue_armed(&taken[1..]);
+        assert_eq!(
+            t.oldest_armed(),
+            Some(7),
+            "ahead of the pages armed after it"
+        );
+        assert_eq!(t.oldest_armed(), Some(8));
+        assert_eq!(t.oldest_armed(), None);
     }
 
     #[test]
