@@ -57,6 +57,8 @@ MODES=${BENCH_REDIS_MODES:-tier kernel-zswap}
 ZSWAP_FRAC=${BENCH_REDIS_ZSWAP_FRAC:-1/4}
 case "$ZSWAP_FRAC" in max | [0-9]*/[1-9]*) ;; *) fail "BENCH_REDIS_ZSWAP_FRAC is N/D or max" ;; esac
 SHARES=${BENCH_REDIS_SHARES:-1/1 1/2 1/3 1/4}
+# A window that takes this long (four times its length, and a minute) has stalled.
+STALL_S=$((4 * (WARM + SECS) + 60))
 W=/tmp/redis-tier
 tmpfs_workdir "$W"
 # The tier's swap file goes on the scratch disk (# lab-disk above): L1's own files live in
@@ -77,6 +79,11 @@ echo DENSEVM-REDIS-STARTED'
 GUEST_B64=$(printf '%s\n' "$GUEST" | base64 | tr -d '\n')
 cg=/sys/fs/cgroup/densevm-redis
 KSWAP=/mnt/tier/kernel.swap
+# zswap_off: the kernel-zswap mode's swap file off, zswap disabled.
+zswap_off() {
+  swapoff "$KSWAP" 2> /dev/null
+  [ -w /sys/module/zswap/parameters/enabled ] && echo N > /sys/module/zswap/parameters/enabled
+}
 # is_kernel MODE: the modes whose VMM runs in the cgroup, without a budget.
 is_kernel() { [ "$1" = kernel ] || [ "$1" = kernel-zswap ]; }
 # cg_setup: the cgroup v2 the kernel modes' VMM runs in.
@@ -96,8 +103,7 @@ vm=
 cleanup() {
   [ -n "$vm" ] && kill -9 "$vm" 2> /dev/null
   swapoff /dev/zram0 2> /dev/null
-  swapoff "$KSWAP" 2> /dev/null
-  [ -w /sys/module/zswap/parameters/enabled ] && echo N > /sys/module/zswap/parameters/enabled
+  zswap_off
   rmdir "$cg" 2> /dev/null
   umount /mnt/tier 2> /dev/null
 }
@@ -243,14 +249,14 @@ for mode in $MODES; do
     # A window that takes four times its length has stalled (memory.high with zswap's pool
     # over the limit: L1's 6.1 kernel cannot write that pool back for one cgroup, so it
     # throttles the VMM): recorded as such, and the mode ends there.
-    if ! timeout $((4 * (WARM + SECS) + 60)) $X kvzipf run "$KEYS" "$VLEN" "$WARM" "$SECS" "$seed" > "$W/run.out" 2>&1; then
+    if ! timeout $STALL_S $X kvzipf run "$KEYS" "$VLEN" "$WARM" "$SECS" "$seed" > "$W/run.out" 2>&1; then
       is_kernel "$mode" && ! grep -q ops_per_s= "$W/run.out" || { cat "$W/run.out"; fail "$mode $share: kvzipf run"; }
     fi
     u1=$(awk '{ print $14 + $15 }' "/proc/$vm/stat")
     ops=$(sed -n 's/.*ops_per_s=\([0-9.]*\).*/\1/p' "$W/run.out")
     n=$(sed -n 's/.* ops=\([0-9]*\).*/\1/p' "$W/run.out")
     stalled=
-    [ -z "$ops" ] && { ops=0 n=0 stalled=" stalled=$((4 * (WARM + SECS) + 60))s"; }
+    [ -z "$ops" ] && { ops=0 n=0 stalled=" stalled=${STALL_S}s"; }
     if ! is_kernel "$mode"; then
       tier_get
       res=$(tier_n resident_kib) comp=$(tier_n compressed_kib)
@@ -259,16 +265,19 @@ for mode in $MODES; do
     elif [ "$mode" = kernel-zswap ]; then
       # Everything the cgroup holds, zswap's pool included, less what it held besides
       # guest RAM after the load.
-      dram=$(($(cat "$cg/memory.current") / 1024 - other))
-      faults="majfaults=$(($(cgstat_n pgmajfault) - mf0)) zswpin=$(($(vmstat_n zswpin) - zi0)) swapins_disk=$(($(vmstat_n pswpin) - s0)) zswap_kib=$(($(cgstat_n zswap) / 1024)) zswapped_kib=$(($(cgstat_n zswapped) / 1024)) memory_current_kib=$(($(cat "$cg/memory.current") / 1024)) guest_ram_rss_kib=$(ram_kib)"
+      cur_kib=$(($(cat "$cg/memory.current") / 1024))
+      dram=$((cur_kib - other))
+      faults="majfaults=$(($(cgstat_n pgmajfault) - mf0)) zswpin=$(($(vmstat_n zswpin) - zi0)) swapins_disk=$(($(vmstat_n pswpin) - s0)) zswap_kib=$(($(cgstat_n zswap) / 1024)) zswapped_kib=$(($(cgstat_n zswapped) / 1024)) memory_current_kib=$cur_kib guest_ram_rss_kib=$(ram_kib)"
     else
       # Everything the cgroup holds plus zram, less what it held besides guest RAM after the
       # load: the kernel may swap the VMM's other pages too (the guest's copy-on-write
       # kernel image pages), which the tier never takes.
-      dram=$(($(cat "$cg/memory.current") / 1024 + $(zram_used) / 1024 - other))
+      # One sample of each, for every figure of the window.
+      cur_kib=$(($(cat "$cg/memory.current") / 1024)) zram_kib=$(($(zram_used) / 1024)) ram=$(ram_kib)
+      dram=$((cur_kib + zram_kib - other))
       echo "$dram" > "$W/kdram.$win"
-      echo "$(($(ram_kib) + $(zram_used) / 1024))" > "$W/kdramhi.$win"
-      faults="swapins=$(($(vmstat_n pswpin) - s0)) majfaults=$(($(cgstat_n pgmajfault) - mf0)) zram_kib=$(($(zram_used) / 1024)) memory_current_kib=$(($(cat "$cg/memory.current") / 1024)) guest_ram_rss_kib=$(ram_kib)"
+      echo "$((ram + zram_kib))" > "$W/kdramhi.$win"
+      faults="swapins=$(($(vmstat_n pswpin) - s0)) majfaults=$(($(cgstat_n pgmajfault) - mf0)) zram_kib=$zram_kib memory_current_kib=$cur_kib guest_ram_rss_kib=$ram"
     fi
     echo "REDISTIER mode=$mode share=$share limit_kib=$limit_kib ops_per_s=$ops ops=$n dram_kib=$dram vmm_cpu_ticks=$((u1 - u0)) $faults$stalled" | tee -a "$W/results.txt"
     seed=$((seed + 1))
@@ -284,7 +293,7 @@ for mode in $MODES; do
   is_kernel "$mode" || { tr -d '\n' < "$W/t.json"; echo; }
   kill -9 "$vm"; wait "$vm" 2> /dev/null; vm=
   # The disk holds the tier's swap file too: the kernel's goes with its mode.
-  [ "$mode" = kernel-zswap ] && { swapoff "$KSWAP"; rm -f "$KSWAP"; echo N > /sys/module/zswap/parameters/enabled; }
+  [ "$mode" = kernel-zswap ] && { zswap_off; rm -f "$KSWAP"; }
 done
 
 # The table: each window against its mode's 1/1 window(s).
