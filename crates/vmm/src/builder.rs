@@ -1,7 +1,7 @@
 //! Building a VM from a [`VmConfig`]: memory, the KVM VM and irqchip, devices, vCPUs and
 //! the guest payload. The result is a [`Vmm`] ready to run its event loop.
 
-use crate::arch::cpuid::vcpu_cpuid;
+use crate::arch::cpuid::{vcpu_cpuid, CpuidOptions};
 use crate::balloon::{SharedRam, VmBalloon};
 use crate::boot::{linux, probe, EntryState};
 use crate::config::{place_external_regions, Payload, VmConfig, HIGH_RAM_START, LOW_RAM_END};
@@ -36,7 +36,12 @@ fn host_tsc_khz() -> u64 {
     }
 }
 
-pub(crate) fn create_vcpu(vm: &Vm, index: u32, count: u32) -> Result<VcpuFd, VmmError> {
+pub(crate) fn create_vcpu(
+    vm: &Vm,
+    index: u32,
+    count: u32,
+    options: CpuidOptions,
+) -> Result<VcpuFd, VmmError> {
     let err = |what| {
         move |source| VmmError::Vcpu {
             index,
@@ -52,7 +57,7 @@ pub(crate) fn create_vcpu(vm: &Vm, index: u32, count: u32) -> Result<VcpuFd, Vmm
         .kvm()
         .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
         .map_err(err("KVM_GET_SUPPORTED_CPUID"))?;
-    fd.set_cpuid2(&vcpu_cpuid(cpuid, index as u8, count as u8))
+    fd.set_cpuid2(&vcpu_cpuid(cpuid, index as u8, count as u8, options))
         .map_err(err("KVM_SET_CPUID2"))?;
     Ok(fd)
 }
@@ -195,8 +200,11 @@ pub fn build(config: VmConfig) -> Result<Vmm, VmmError> {
         devices.add_virtio(&vm, memory.mem(), device)?;
     }
 
+    let options = CpuidOptions {
+        async_pf: config.memory_budget.as_ref().is_none_or(|s| s.async_pf),
+    };
     let fds = (0..config.cpus)
-        .map(|i| create_vcpu(&vm, i, config.cpus))
+        .map(|i| create_vcpu(&vm, i, config.cpus, options))
         .collect::<Result<Vec<_>, _>>()?;
     let entry: Box<dyn EntryState> = match (&config.payload, &linux_plan) {
         (Payload::Probe(script), _) => {

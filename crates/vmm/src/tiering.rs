@@ -30,6 +30,9 @@ pub struct TierSettings {
     pub compressed_max: Option<u64>,
     /// Where the swap file goes (created unlinked).
     pub swap_dir: PathBuf,
+    /// Offer KVM's async page faults to a booted guest (`async_pf=on`; default off, see
+    /// [`crate::arch::cpuid::CpuidOptions`]). A restored guest keeps what it had.
+    pub async_pf: bool,
 }
 
 /// Checks a budget (a budget above the VM's RAM is allowed: the tier then has nothing to
@@ -167,6 +170,7 @@ mod tests {
             budget: 16 * MIB,
             compressed_max: Some(MIB),
             swap_dir: std::env::temp_dir(),
+            async_pf: false,
         };
         start(&memory, &mut lock_ram(&ram), &settings, None).unwrap();
         let pages = size / PAGE as u64;
@@ -239,6 +243,7 @@ mod tests {
             budget: 8 * MIB,
             compressed_max: None,
             swap_dir: std::env::temp_dir(),
+            async_pf: false,
         };
         let e = start(&memory, &mut ram, &settings, None)
             .unwrap_err()

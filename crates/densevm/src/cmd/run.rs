@@ -100,13 +100,14 @@ pub struct RunArgs {
     /// The API's /balloon routes change the target and read the statistics.
     #[arg(long, value_name = "amount_mib=N[,OPTS]", value_parser = crate::cmd::balloon::parse_balloon)]
     pub balloon: Option<densevm_virtio::balloon::BalloonConfig>,
-    /// Keep guest RAM under a DRAM budget: SIZE[,compressed=SIZE][,swap_dir=DIR]. Cold
-    /// pages leave RAM (zero pages for nothing, compressible ones to an in-memory LZ4
-    /// store counted within the budget — at most `compressed`, default a quarter of it —
-    /// the rest to an unlinked swap file in `swap_dir`, default $TMPDIR) and come back on
-    /// access, for any guest (docs/tiering.md). PATCH /memory-tier changes it. With
-    /// --restore, RAM is a file of the VM's own filled from the snapshot on first access
-    /// (not shared with other restores of the snapshot).
+    /// Keep guest RAM under a DRAM budget: SIZE[,compressed=SIZE][,swap_dir=DIR]
+    /// [,async_pf=on|off]. Cold pages leave RAM (zero pages for nothing, compressible ones
+    /// to an in-memory LZ4 store counted within the budget — at most `compressed`, default
+    /// a quarter of it — the rest to an unlinked swap file in `swap_dir`, default $TMPDIR)
+    /// and come back on access, for any guest (docs/tiering.md). PATCH /memory-tier
+    /// changes it. A booted guest is not offered KVM's async page faults unless
+    /// `async_pf=on`. With --restore, RAM is a file of the VM's own filled from the
+    /// snapshot on first access (not shared with other restores of the snapshot).
     #[arg(long, value_name = "SIZE[,OPTS]", value_parser = crate::cmd::tier::parse_memory_budget)]
     pub memory_budget: Option<densevm_vmm::tiering::TierSettings>,
     /// Serve the VM's HTTP API (Firecracker-style: GET /, PATCH /vm, PUT /snapshot/create,

@@ -8,7 +8,8 @@ use densevm_api::types::MemoryTierInfo;
 use densevm_vmm::tiering::{TierHandle, TierSettings, TierStats};
 use std::path::PathBuf;
 
-const USAGE: &str = "SIZE[,compressed=SIZE][,swap_dir=DIR], e.g. --memory-budget 256M";
+const USAGE: &str =
+    "SIZE[,compressed=SIZE][,swap_dir=DIR][,async_pf=on|off], e.g. --memory-budget 256M";
 
 /// Parses `--memory-budget SIZE[,compressed=SIZE][,swap_dir=DIR]`.
 pub fn parse_memory_budget(spec: &str) -> anyhow::Result<TierSettings> {
@@ -28,6 +29,7 @@ pub fn parse_memory_budget(spec: &str) -> anyhow::Result<TierSettings> {
         budget,
         compressed_max: None,
         swap_dir: std::env::temp_dir(),
+        async_pf: false,
     };
     for o in parts {
         match o.split_once('=') {
@@ -38,6 +40,11 @@ pub fn parse_memory_budget(spec: &str) -> anyhow::Result<TierSettings> {
                     bail!("--memory-budget {spec}: swap_dir {v} is not a directory");
                 }
                 settings.swap_dir = dir;
+            }
+            Some(("async_pf", "on")) => settings.async_pf = true,
+            Some(("async_pf", "off")) => settings.async_pf = false,
+            Some(("async_pf", v)) => {
+                bail!("--memory-budget {spec}: async_pf is on or off, not {v:?}")
             }
             _ => bail!("--memory-budget {spec}: unknown option '{o}' ({USAGE})"),
         }
@@ -97,8 +104,12 @@ mod tests {
     #[test]
     fn budget_options_parse_and_bad_ones_say_why() {
         let s = parse_memory_budget("64M").unwrap();
-        assert_eq!((s.budget, s.compressed_max), (64 << 20, None));
-        let s = parse_memory_budget("1G,compressed=128M,swap_dir=/tmp").unwrap();
+        assert_eq!(
+            (s.budget, s.compressed_max, s.async_pf),
+            (64 << 20, None, false)
+        );
+        let s = parse_memory_budget("1G,compressed=128M,swap_dir=/tmp,async_pf=on").unwrap();
+        assert!(s.async_pf);
         assert_eq!(s.budget, 1 << 30);
         assert_eq!(s.compressed_max, Some(128 << 20));
         assert_eq!(s.swap_dir, PathBuf::from("/tmp"));
@@ -109,6 +120,7 @@ mod tests {
             ("64M,swap_dir=/nonexistent", "not a directory"),
             ("64M,zstd", "unknown option"),
             ("64M,compressed=x", "compressed"),
+            ("64M,async_pf=yes", "on or off"),
         ] {
             let e = parse_memory_budget(bad).unwrap_err().to_string();
             assert!(e.contains(says), "{bad}: {e}");

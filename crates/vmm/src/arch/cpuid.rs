@@ -2,8 +2,31 @@
 
 use kvm_bindings::CpuId;
 
+/// KVM's paravirtual feature leaf (`KVM_CPUID_FEATURES`): EAX holds the feature bits.
+const KVM_CPUID_FEATURES: u32 = 0x4000_0001;
+/// Its async page fault bits: `KVM_FEATURE_ASYNC_PF`, `_ASYNC_PF_VMEXIT`, `_ASYNC_PF_INT`.
+/// Linux guests enable async page faults only with `_ASYNC_PF_INT` (5.10 on); the others go
+/// with it.
+const ASYNC_PF_BITS: u32 = (1 << 4) | (1 << 10) | (1 << 14);
+
+/// What the VM asks of every vCPU's CPUID.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CpuidOptions {
+    /// Offer KVM's async page faults to the guest. Off for a VM under a memory budget: there
+    /// a fault KVM cannot serve at once goes to userfaultfd, and async page faults turn each
+    /// into a kernel worker's fault, a "not present" event, a guest reschedule and a "ready"
+    /// interrupt where a blocked vCPU would simply wait (docs/tiering.md, "KVM").
+    pub async_pf: bool,
+}
+
+impl Default for CpuidOptions {
+    fn default() -> Self {
+        CpuidOptions { async_pf: true }
+    }
+}
+
 /// Adjusts KVM's supported CPUID for vCPU `index` of `count`.
-pub fn vcpu_cpuid(mut cpuid: CpuId, index: u8, count: u8) -> CpuId {
+pub fn vcpu_cpuid(mut cpuid: CpuId, index: u8, count: u8, options: CpuidOptions) -> CpuId {
     for entry in cpuid.as_mut_slice() {
         match entry.function {
             1 => {
@@ -16,8 +39,41 @@ pub fn vcpu_cpuid(mut cpuid: CpuId, index: u8, count: u8) -> CpuId {
                 }
             }
             0xb | 0x1f => entry.edx = u32::from(index), // x2APIC ID
+            KVM_CPUID_FEATURES if !options.async_pf => entry.eax &= !ASYNC_PF_BITS,
             _ => {}
         }
     }
     cpuid
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvm_bindings::kvm_cpuid_entry2;
+
+    fn table() -> CpuId {
+        let entry = |function, eax| kvm_cpuid_entry2 {
+            function,
+            eax,
+            ..Default::default()
+        };
+        CpuId::from_entries(&[entry(1, 0), entry(KVM_CPUID_FEATURES, 0x0101_7fff)]).unwrap()
+    }
+
+    fn kvm_features(cpuid: &CpuId) -> u32 {
+        let leaf = cpuid
+            .as_slice()
+            .iter()
+            .find(|e| e.function == KVM_CPUID_FEATURES);
+        leaf.unwrap().eax
+    }
+
+    #[test]
+    fn async_page_faults_are_hidden_only_when_asked() {
+        let kept = vcpu_cpuid(table(), 0, 1, CpuidOptions::default());
+        assert_eq!(kvm_features(&kept), 0x0101_7fff);
+        let hidden = vcpu_cpuid(table(), 0, 1, CpuidOptions { async_pf: false });
+        // Only the three async page fault bits go: kvmclock, steal time, PV EOI... stay.
+        assert_eq!(kvm_features(&hidden), 0x0101_3bef);
+    }
 }

@@ -4,7 +4,7 @@
 //! These tests need /dev/kvm and fail (never skip) without it.
 
 use super::*;
-use crate::arch::cpuid::vcpu_cpuid;
+use crate::arch::cpuid::{vcpu_cpuid, CpuidOptions};
 use crate::arch::regs::long_mode_sregs;
 use crate::persist::vcpu::{
     MSR_IA32_TSC, MSR_IA32_TSC_AUX, MSR_IA32_TSC_DEADLINE, MSR_KERNEL_GS_BASE, MSR_STAR,
@@ -47,7 +47,7 @@ fn new_vcpu(vm: &Vm) -> VcpuFd {
         .kvm()
         .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
         .expect("KVM_GET_SUPPORTED_CPUID");
-    let mut cpuid = vcpu_cpuid(supported, 0, 1);
+    let mut cpuid = vcpu_cpuid(supported, 0, 1, CpuidOptions::default());
     for entry in cpuid.as_mut_slice() {
         if entry.function == 1 {
             entry.ecx |= CPUID_TSC_DEADLINE;
