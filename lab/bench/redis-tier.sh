@@ -5,7 +5,8 @@
 # lab/guest/build-redis.sh in LAB_EXTRA). One L1 boot, one L2 VM per mode, one after the
 # other (BENCH_REDIS_MODES, default "tier kernel-zswap"), each `densevm run` of the Debian
 # kernel (BENCH_REDIS_KERNEL, below) with $BENCH_REDIS_MEM of RAM, 1 vCPU, vsock + agent:
-#   tier     --memory-budget: densevm's tier (LZ4 store + swap file on the scratch disk)
+#   tier     --memory-budget: densevm's tier (LZ4 store + swap file on the scratch disk;
+#            BENCH_REDIS_BUDGET_OPTS is appended to the budget's options, e.g. ",async_pf=on")
 #   kernel-zswap  no budget; the VMM runs in a cgroup v2 whose memory.high L1's kernel
 #            enforces, with zswap (lz4, zsmalloc) in front of a swap file on the same disk
 #            and vm.page-cluster 0: the kernel's answer, and the pair of the tier's store +
@@ -113,7 +114,7 @@ trap cleanup EXIT
 start_vm() {
   rm -f "$W"/*.sock
   budget=
-  is_kernel "$1" || budget="--memory-budget $MEM,swap_dir=$SWAPDIR"
+  is_kernel "$1" || budget="--memory-budget $MEM,swap_dir=$SWAPDIR${BENCH_REDIS_BUDGET_OPTS:-}"
   # The kernel modes' VMM joins the cgroup before it allocates anything.
   join=:
   is_kernel "$1" && join="echo \$\$ > $cg/cgroup.procs"
