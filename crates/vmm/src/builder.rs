@@ -36,45 +36,44 @@ fn host_tsc_khz() -> u64 {
     }
 }
 
+fn vcpu_err(index: u32, what: &'static str) -> impl Fn(kvm_ioctls::Error) -> VmmError {
+    move |source| VmmError::Vcpu {
+        index,
+        what,
+        source,
+    }
+}
+
+/// A new vCPU with no state set: a restore gives it the saved CPUID and the rest.
+pub(crate) fn new_vcpu(vm: &Vm, index: u32) -> Result<VcpuFd, VmmError> {
+    vm.fd()
+        .create_vcpu(u64::from(index))
+        .map_err(vcpu_err(index, "KVM_CREATE_VCPU"))
+}
+
+/// A new vCPU `index` of `count` for a booting VM, with KVM's supported CPUID adjusted.
 pub(crate) fn create_vcpu(
     vm: &Vm,
     index: u32,
     count: u32,
     options: CpuidOptions,
 ) -> Result<VcpuFd, VmmError> {
-    let err = |what| {
-        move |source| VmmError::Vcpu {
-            index,
-            what,
-            source,
-        }
-    };
-    let fd = vm
-        .fd()
-        .create_vcpu(u64::from(index))
-        .map_err(err("KVM_CREATE_VCPU"))?;
+    let fd = new_vcpu(vm, index)?;
     let cpuid = vm
         .kvm()
         .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
-        .map_err(err("KVM_GET_SUPPORTED_CPUID"))?;
+        .map_err(vcpu_err(index, "KVM_GET_SUPPORTED_CPUID"))?;
     fd.set_cpuid2(&vcpu_cpuid(cpuid, index as u8, count as u8, options))
-        .map_err(err("KVM_SET_CPUID2"))?;
+        .map_err(vcpu_err(index, "KVM_SET_CPUID2"))?;
     Ok(fd)
 }
 
 fn set_entry_state(fd: &VcpuFd, index: u32, entry: &dyn EntryState) -> Result<(), VmmError> {
-    let err = |what| {
-        move |source| VmmError::Vcpu {
-            index,
-            what,
-            source,
-        }
-    };
-    let sregs = fd.get_sregs().map_err(err("KVM_GET_SREGS"))?;
+    let sregs = fd.get_sregs().map_err(vcpu_err(index, "KVM_GET_SREGS"))?;
     fd.set_sregs(&entry.sregs(index, sregs))
-        .map_err(err("KVM_SET_SREGS"))?;
+        .map_err(vcpu_err(index, "KVM_SET_SREGS"))?;
     fd.set_regs(&entry.regs(index))
-        .map_err(err("KVM_SET_REGS"))?;
+        .map_err(vcpu_err(index, "KVM_SET_REGS"))?;
     Ok(())
 }
 
@@ -225,11 +224,7 @@ pub fn build(config: VmConfig) -> Result<Vmm, VmmError> {
         }
         (Payload::Linux { cmdline, .. }, Some(plan)) => {
             for (i, fd) in fds.iter().enumerate() {
-                set_lapic_lints(fd).map_err(|source| VmmError::Vcpu {
-                    index: i as u32,
-                    what: "KVM_SET_LAPIC",
-                    source,
-                })?;
+                set_lapic_lints(fd).map_err(vcpu_err(i as u32, "KVM_SET_LAPIC"))?;
             }
             let entry =
                 linux::write_boot_data(memory.mem(), plan, cmdline, config.cpus, HIGH_RAM_START)?;

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 const USAGE: &str =
     "SIZE[,compressed=SIZE][,swap_dir=DIR][,async_pf=on|off], e.g. --memory-budget 256M";
 
-/// Parses `--memory-budget SIZE[,compressed=SIZE][,swap_dir=DIR]`.
+/// Parses `--memory-budget` ([`USAGE`]).
 pub fn parse_memory_budget(spec: &str) -> anyhow::Result<TierSettings> {
     let mut parts = spec.split(',').filter(|o| !o.is_empty());
     let Some(size) = parts.next() else {

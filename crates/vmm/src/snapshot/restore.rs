@@ -6,8 +6,7 @@
 
 use super::ram::{create_ram_file, RamFile};
 use super::{SnapshotState, MEMORY_FILE, STATE_FILE};
-use crate::arch::cpuid::CpuidOptions;
-use crate::builder::{create_vcpu, finish};
+use crate::builder::{finish, new_vcpu};
 use crate::device_manager::DeviceManager;
 use crate::memory::{is_ram, Backing, GuestMemory, RegionSpec};
 use crate::persist;
@@ -261,10 +260,11 @@ pub fn build_restored(
     let cpus = state.vcpus.len() as u32;
     let mut vcpus = Vec::with_capacity(state.vcpus.len());
     for (i, saved) in (0..cpus).zip(&state.vcpus) {
-        // The saved CPUID replaces this one: a restored guest keeps the async page faults it
-        // had, budget or not. Turning them off under it (the MSR) would strand any task that
-        // waited on one when the snapshot was taken: only enabling the MSR wakes them all.
-        let fd = create_vcpu(&vm, i, cpus, CpuidOptions::default())?;
+        // The saved CPUID and MSRs go back as they were: a restored guest keeps the async
+        // page faults it had, budget or not. Turning them off under it (the MSR) would
+        // strand any task that waited on one when the snapshot was taken: only enabling the
+        // MSR wakes them all.
+        let fd = new_vcpu(&vm, i)?;
         persist::restore_vcpu(&fd, vm.kvm(), saved)
             .map_err(|e| bad(&dir, format!("vCPU {i}: {e}")))?;
         vcpus.push(Vcpu::new(i, fd));
