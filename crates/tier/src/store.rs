@@ -1,9 +1,10 @@
 //! The slower tiers a page can live in while it is not in the RAM file: a compressed
 //! in-memory store (LZ4) and a file (an unlinked temporary file whose page cache is
-//! dropped once written back). Zero pages are kept in neither: they are holes.
+//! dropped once written back, and read back with direct I/O). Zero pages are kept in
+//! neither: they are holes.
 
 use std::cell::RefCell;
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
@@ -115,13 +116,31 @@ impl Compressed {
 }
 
 /// Pages in a file: one 4 KiB slot each, reused once freed.
+///
+/// Writes go through the page cache, which [`Swap::flush`] writes back and drops every
+/// [`FLUSH_EVERY`] bytes. Reads of pages written back since use direct I/O where the file
+/// system has it: the page goes from the disk into the tier's own aligned buffer and never
+/// into the host's page cache, which would otherwise keep a second copy of every page
+/// faulted back (host memory the VM's budget does not see, and page-cache work on every
+/// fault). Pages written since the last flush are still in the page cache and are read
+/// from there.
 pub(crate) struct Swap {
     file: File,
     free: Vec<u32>,
     next: u32,
     /// Bytes written since the page cache was last dropped.
     unflushed: u64,
+    /// Slots written since the page cache was last dropped.
+    cached: HashSet<u32>,
+    /// Whether reads may use O_DIRECT (the file system accepted it).
+    direct: bool,
+    /// The aligned buffer direct reads land in.
+    bounce: RefCell<Box<AlignedPage>>,
 }
+
+/// One page, aligned for direct I/O on any block device.
+#[repr(C, align(4096))]
+struct AlignedPage([u8; PAGE as usize]);
 
 /// Drop the file's page cache once this much was written.
 const FLUSH_EVERY: u64 = 4 << 20;
@@ -150,12 +169,42 @@ impl Swap {
         // nobody asked for (and wait for them).
         // SAFETY: an advice call on a descriptor we own.
         unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
-        Ok(Swap {
+        let mut swap = Swap {
             file,
             free: Vec::new(),
             next: 0,
             unflushed: 0,
-        })
+            cached: HashSet::new(),
+            direct: true,
+            bounce: RefCell::new(Box::new(AlignedPage([0; PAGE as usize]))),
+        };
+        // Probe once: tmpfs (before Linux 6.6) and some FUSE file systems refuse O_DIRECT.
+        swap.direct = swap.set_direct(true).is_ok() && swap.set_direct(false).is_ok();
+        if !swap.direct {
+            tracing::debug!(dir = %dir.display(), "memory tier: no direct I/O for the swap file");
+        }
+        Ok(swap)
+    }
+
+    /// Turns O_DIRECT on or off on the file's one descriptor. Every use of the file is
+    /// under the tier's state lock, so reads can turn it on and off around themselves.
+    fn set_direct(&self, on: bool) -> io::Result<()> {
+        let fd = self.file.as_raw_fd();
+        // SAFETY: fcntl on a descriptor we own.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+        if flags < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let want = if on {
+            flags | libc::O_DIRECT
+        } else {
+            flags & !libc::O_DIRECT
+        };
+        // SAFETY: as above.
+        if want != flags && unsafe { libc::fcntl(fd, libc::F_SETFL, want) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
     }
 
     /// Writes one page; returns its slot.
@@ -175,6 +224,7 @@ impl Swap {
             return Err(e);
         }
         self.unflushed += PAGE;
+        self.cached.insert(slot);
         Ok(slot)
     }
 
@@ -196,15 +246,35 @@ impl Swap {
             libc::posix_fadvise(fd, 0, 0, libc::POSIX_FADV_DONTNEED);
         }
         self.unflushed = 0;
+        self.cached.clear();
     }
 
-    /// Reads `slot` into `out` (one page).
+    /// Reads `slot` into `out` (one page): directly from the disk when the page was
+    /// written back, else through the page cache.
     pub fn read(&self, slot: u32, out: &mut [u8]) -> io::Result<()> {
-        self.file.read_exact_at(out, u64::from(slot) * PAGE)
+        let at = u64::from(slot) * PAGE;
+        if !self.direct || self.cached.contains(&slot) || out.len() != PAGE as usize {
+            return self.file.read_exact_at(out, at);
+        }
+        self.set_direct(true)?;
+        let mut bounce = self.bounce.borrow_mut();
+        let read = self.file.read_exact_at(&mut bounce.0, at);
+        let restored = self.set_direct(false);
+        read?;
+        restored?;
+        out.copy_from_slice(&bounce.0);
+        Ok(())
+    }
+
+    /// Whether reads of written-back pages bypass the page cache.
+    #[cfg(test)]
+    pub fn is_direct(&self) -> bool {
+        self.direct
     }
 
     /// Frees `slot`; the file shrinks when its tail is free.
     pub fn remove(&mut self, slot: u32) {
+        self.cached.remove(&slot);
         self.free.push(slot);
         if self.free.len() as u32 == self.next {
             self.free.clear();
@@ -348,6 +418,80 @@ mod tests {
         s.remove(b);
         assert!(s.is_empty());
         assert_eq!(s.file.metadata().unwrap().len(), 0);
+    }
+
+    /// Pages of `file` in the page cache (mincore over a read-only mapping).
+    fn cached_pages(file: &File) -> usize {
+        let len = file.metadata().unwrap().len() as usize;
+        // SAFETY: a new read-only shared mapping of a file we hold; unmapped below.
+        let map = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(map, libc::MAP_FAILED);
+        let mut vec = vec![0u8; len.div_ceil(PAGE as usize)];
+        // SAFETY: `vec` has one byte per page of the mapping, which is live.
+        let r = unsafe { libc::mincore(map, len, vec.as_mut_ptr()) };
+        // SAFETY: the mapping made above, not used after this.
+        unsafe { libc::munmap(map, len) };
+        assert_eq!(r, 0);
+        vec.iter().filter(|&&b| b & 1 != 0).count()
+    }
+
+    /// Pages read back after write-back come from the disk without entering the page
+    /// cache; pages written since the last flush are read from it; every read returns
+    /// what was written.
+    #[test]
+    fn written_back_pages_are_read_around_the_page_cache() {
+        // A disk file system, where O_DIRECT is available: the temporary directory, else
+        // the build directory.
+        let exe = std::env::current_exe().unwrap();
+        let dirs = [std::env::temp_dir(), exe.parent().unwrap().to_path_buf()];
+        let mut s = dirs
+            .iter()
+            .map(|d| Swap::new(d).unwrap())
+            .find(Swap::is_direct)
+            .unwrap_or_else(|| {
+                panic!("{dirs:?} all refuse O_DIRECT: run the tests on a disk file system")
+            });
+        let page = |i: u32| -> Vec<u8> {
+            (0..PAGE as u32)
+                .map(|b| (i.wrapping_mul(31) ^ b) as u8)
+                .collect()
+        };
+        let n = (FLUSH_EVERY / PAGE) as u32 + 24;
+        let slots: Vec<u32> = (0..n).map(|i| s.write(&page(i)).unwrap()).collect();
+        s.flush();
+        assert!(
+            cached_pages(&s.file) <= 8,
+            "flush left {} pages cached",
+            cached_pages(&s.file)
+        );
+        // Written after the flush: still in the page cache.
+        let late = s.write(&page(n)).unwrap();
+        let mut out = vec![0u8; PAGE as usize];
+        for (i, slot) in slots.iter().enumerate() {
+            s.read(*slot, &mut out).unwrap();
+            assert!(out == page(i as u32), "slot {slot} read back wrong");
+        }
+        s.read(late, &mut out).unwrap();
+        assert!(out == page(n));
+        let cached = cached_pages(&s.file);
+        assert!(
+            cached <= 8,
+            "{cached} of {n} pages read back are in the page cache"
+        );
+        // A page rewritten in place after a flush is read from the page cache, new bytes.
+        s.remove(slots[0]);
+        assert_eq!(s.write(&page(7777)).unwrap(), slots[0]);
+        s.read(slots[0], &mut out).unwrap();
+        assert!(out == page(7777));
     }
 
     #[test]
