@@ -134,6 +134,8 @@ pub(crate) struct Swap {
     cached: HashSet<u32>,
     /// Whether reads may use O_DIRECT (the file system accepted it).
     direct: bool,
+    /// The descriptor's status flags without O_DIRECT, read once.
+    flags: libc::c_int,
     /// The aligned buffer direct reads land in.
     bounce: RefCell<Box<AlignedPage>>,
 }
@@ -169,6 +171,11 @@ impl Swap {
         // nobody asked for (and wait for them).
         // SAFETY: an advice call on a descriptor we own.
         unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
+        // SAFETY: fcntl on a descriptor we own.
+        let flags = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) };
+        if flags < 0 {
+            return Err(io::Error::last_os_error());
+        }
         let mut swap = Swap {
             file,
             free: Vec::new(),
@@ -176,6 +183,7 @@ impl Swap {
             unflushed: 0,
             cached: HashSet::new(),
             direct: true,
+            flags,
             bounce: RefCell::new(Box::new(AlignedPage([0; PAGE as usize]))),
         };
         // Probe once: tmpfs (before Linux 6.6) and some FUSE file systems refuse O_DIRECT.
@@ -189,19 +197,13 @@ impl Swap {
     /// Turns O_DIRECT on or off on the file's one descriptor. Every use of the file is
     /// under the tier's state lock, so reads can turn it on and off around themselves.
     fn set_direct(&self, on: bool) -> io::Result<()> {
-        let fd = self.file.as_raw_fd();
-        // SAFETY: fcntl on a descriptor we own.
-        let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-        if flags < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let want = if on {
-            flags | libc::O_DIRECT
+        let flags = if on {
+            self.flags | libc::O_DIRECT
         } else {
-            flags & !libc::O_DIRECT
+            self.flags
         };
-        // SAFETY: as above.
-        if want != flags && unsafe { libc::fcntl(fd, libc::F_SETFL, want) } < 0 {
+        // SAFETY: fcntl on a descriptor we own.
+        if unsafe { libc::fcntl(self.file.as_raw_fd(), libc::F_SETFL, flags) } < 0 {
             return Err(io::Error::last_os_error());
         }
         Ok(())
