@@ -27,6 +27,10 @@ const ARM_AHEAD: usize = 512;
 /// Arming beyond it only re-arms hot pages turn after turn, each a minor fault (the nested
 /// lab's Redis guest at 0.95 of its working set took 22,500 in 50 s for 124 evictions).
 const ARM_POOL: usize = 4 * EVICT_BATCH;
+/// Most pages the hand keeps armed while the excess of a budget cut leaves (128 MiB: the
+/// last of them leave hundreds of steps after they were armed; the armed queue then holds
+/// at most some 256 KiB).
+const DRAIN_POOL: usize = 32768;
 /// Idle wake-up period.
 const TICK: Duration = Duration::from_millis(100);
 /// How long the thread polls for the next fault after serving one (yielding between polls)
@@ -60,7 +64,7 @@ pub(crate) fn run(sh: Arc<Shared>) {
             svc.last_check = Instant::now();
             sh.check_in_file(&mut st);
         }
-        let over = svc.evict_step(&sh, &mut st, true);
+        let over = svc.evict_step(&sh, &mut st, EVICT_BATCH, true);
         if !over {
             svc.arm_ahead(&sh, &mut st);
         }
@@ -273,39 +277,50 @@ impl Service {
     /// Before a missing fault adds pages, moves pages out until the tier is below its
     /// budget plus [`hard_slack`] (the faulting thread waits meanwhile, as it would in the
     /// kernel's direct reclaim): however the CPU is shared between the service thread and
-    /// the threads that fault, RAM cannot run away from the budget.
+    /// the threads that fault, RAM cannot run away from the budget. Already above that
+    /// (the budget was just cut and the excess is leaving a step at a time between
+    /// faults), the fault waits only for as many pages as it may add to leave: RAM does not
+    /// grow, and the guest runs on while the rest leaves, which is what lets the hand see
+    /// which of the excess it touches (see [`Service::evict_step`]).
     fn make_room(&mut self, sh: &Shared, st: &mut State) {
         let limit = sh
             .budget
             .load(Ordering::Relaxed)
             .saturating_add(hard_slack(sh));
+        let window = MAX_WINDOW as u64 * PAGE;
+        let used = st.resident() + st.compressed.bytes();
+        let (target, most) = if used > limit {
+            (used - window, MAX_WINDOW)
+        } else {
+            (limit.saturating_sub(window), EVICT_BATCH)
+        };
         // Bounded: a step that finds no victim refills the pool (with protected pages too
         // when it runs short), so the next has some; give up after four turns' worth of
         // steps (nothing can leave, e.g. no swap file).
         let steps = 4 * st.table.pages().div_ceil(SCAN_LIMIT) + 8;
         for _ in 0..steps {
-            if st.resident() + st.compressed.bytes() + MAX_WINDOW as u64 * PAGE <= limit {
+            if st.resident() + st.compressed.bytes() <= target {
                 return;
             }
-            if !self.evict_step(sh, st, false) {
+            if !self.evict_step(sh, st, most, false) {
                 return;
             }
         }
     }
 
-    /// While the tier is over its budget, moves up to a batch of cold pages out (the
+    /// While the tier is over its budget, moves up to `most` cold pages out (the
     /// oldest armed pages go, the hand refills the pool). Returns whether it was over.
     /// With `yielding`, it stops early when a fault is waiting (the run loop serves it and
     /// comes back): a fault that arrives during a step waits for one page's work, not a
     /// batch's.
-    fn evict_step(&mut self, sh: &Shared, st: &mut State, yielding: bool) -> bool {
+    fn evict_step(&mut self, sh: &Shared, st: &mut State, most: usize, yielding: bool) -> bool {
         let budget = sh.budget.load(Ordering::Relaxed);
         let used = st.resident() + st.compressed.bytes();
         if used <= budget {
             return false;
         }
         let slack = (budget / 64).max(16 * PAGE);
-        let want = ((used - budget + slack) / PAGE).min(EVICT_BATCH as u64) as usize;
+        let want = ((used - budget + slack) / PAGE).min(most as u64) as usize;
         // The victims: the pages armed longest ago and not touched since.
         let mut victims = Vec::with_capacity(want);
         while victims.len() < want {
@@ -316,8 +331,20 @@ impl Service {
         }
         victims.sort_unstable();
         // Refill the pool (the victims are leaving it). If nothing is left to take or to
-        // arm but protected pages, the budget comes first: the hand arms those too.
-        let room = (arm_pool(budget) + victims.len()).saturating_sub(st.table.armed_count());
+        // arm but protected pages, the budget comes first: the hand arms those too. Far
+        // over the budget (it was just cut), the pool grows to the whole excess: the hand
+        // arms up to a scan's worth of pages a step while a step evicts a batch, so the
+        // last of the excess leaves long after it was armed, and what the guest touches
+        // meanwhile (its hottest pages) comes back with a minor fault and stays, instead
+        // of leaving in the hand's order and coming back with a missing one.
+        // (Not while a fault waits for this step: the walk would be its wait.)
+        let excess = ((used - budget) / PAGE) as usize;
+        let pool = if yielding {
+            arm_pool(budget).max(excess.min(DRAIN_POOL))
+        } else {
+            arm_pool(budget)
+        };
+        let room = (pool + victims.len()).saturating_sub(st.table.armed_count());
         let armed = self.arm_more(sh, st, room, false);
         // Protected pages all around the hand: rather than walk the file for the few
         // others, it arms protected ones too while the pool is short of a step's victims.

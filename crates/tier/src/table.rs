@@ -150,6 +150,8 @@ impl Table {
                 return Some(p as usize);
             }
         }
+        // Emptied after a budget cut's long queue: give its memory back.
+        self.arm_queue.shrink_to(1024);
         None
     }
 
