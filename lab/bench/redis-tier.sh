@@ -34,6 +34,8 @@
 # "DRAM" columns hold guest RAM only: tier = resident + compressed store (what the budget
 # counts); kernel-zswap = memory.current - the other charge (the zswap pool is in
 # memory.current); kernel = memory.current + zram's mem_used_total - the other charge.
+# Each window's line also has, over its measured part, L1 KVM's counters and IPIs (kvm_*,
+# below) and, for the tier, its DRAM when the measured part began (dram_at_measure_kib).
 # Lines "REDISTIER ..." are the raw results; a table follows. Times are TCG-distorted: read
 # each mode against its own all-DRAM windows, and the modes against each other.
 . "$LAB_SRC/lib/test-lib.sh"
@@ -134,6 +136,18 @@ start_vm() {
   echo "$1: $(cat "$W/load.out")"
 }
 
+# kvmstat: L1 KVM's counters (debugfs) and L1's call-function and TLB-shootdown IPIs, one
+# "name value" a line; kvm_delta A B: the chosen ones' growth from A to B. They show how a
+# fault is served: the tier's faults halt the vCPU and wake threads across L1's CPUs (IPIs),
+# the kernel's swap-ins mostly do not.
+mountpoint -q /sys/kernel/debug || mount -t debugfs none /sys/kernel/debug || true
+kvmstat() {
+  for f in exits halt_wakeup pf_taken remote_tlb_flush; do
+    echo "$f $(cat /sys/kernel/debug/kvm/$f 2> /dev/null || echo 0)"
+  done
+  awk '$1 == "CAL:" { print "ipi_call", $2 + $3 } $1 == "TLB:" { print "ipi_tlb", $2 + $3 }' /proc/interrupts
+}
+kvm_delta() { paste "$1" "$2" | awk '{ printf "kvm_%s=%d ", $1, $4 - $2 }'; }
 # tier_get: one GET /memory-tier into $W/t.json; tier_n KEY: a counter from it.
 tier_get() { densevm vm memory-tier --api-sock "$W/api.sock" --json > "$W/t.json" || fail "GET /memory-tier"; }
 tier_n() { json_number "$W/t.json" "$1"; }
@@ -243,6 +257,15 @@ for mode in $MODES; do
       s0=$(vmstat_n pswpin) zi0=$(vmstat_n zswpin) mf0=$(cgstat_n pgmajfault)
     fi
     u0=$(awk '{ print $14 + $15 }' "/proc/$vm/stat")
+    # When the measured part starts: KVM's counters, and the tier's DRAM (a cut budget's
+    # excess leaves while the guest runs, where the kernel's memory.high write reclaims
+    # before it returns: this shows whether it had left by then).
+    rm -f "$W/tw.json" "$W/kvm0"
+    (
+      sleep "$WARM"
+      kvmstat > "$W/kvm0"
+      is_kernel "$mode" || densevm vm memory-tier --api-sock "$W/api.sock" --json > "$W/tw.json"
+    ) &
     # BENCH_REDIS_PERF=MODE@SHARE: profile the VMM (perf record -g, cpu-clock) through that
     # window's measured part, with the perf of build/lab/perf-root (LAB_EXTRA) — a
     # diagnosis aid, not a result.
@@ -262,7 +285,9 @@ for mode in $MODES; do
       tier_get
       res=$(tier_n resident_kib) comp=$(tier_n compressed_kib)
       dram=$((res + comp))
-      faults="missing=$(($(tier_n missing_faults) - m0)) from_compressed=$(($(tier_n faults_compressed) - z0)) from_swap=$(($(tier_n faults_swap) - w0)) minor=$(($(tier_n minor_faults) - n0)) svc_cpu_ms=$((($(tier_n service_cpu_us) - c0) / 1000)) swap_pages=$(tier_n swap_pages)"
+      warm_dram=-
+      [ -s "$W/tw.json" ] && warm_dram=$(($(json_number "$W/tw.json" resident_kib) + $(json_number "$W/tw.json" compressed_kib)))
+      faults="missing=$(($(tier_n missing_faults) - m0)) from_compressed=$(($(tier_n faults_compressed) - z0)) from_swap=$(($(tier_n faults_swap) - w0)) minor=$(($(tier_n minor_faults) - n0)) svc_cpu_ms=$((($(tier_n service_cpu_us) - c0) / 1000)) swap_pages=$(tier_n swap_pages) dram_at_measure_kib=$warm_dram"
     elif [ "$mode" = kernel-zswap ]; then
       # Everything the cgroup holds, zswap's pool included, less what it held besides
       # guest RAM after the load.
@@ -280,7 +305,9 @@ for mode in $MODES; do
       echo "$((ram + zram_kib))" > "$W/kdramhi.$win"
       faults="swapins=$(($(vmstat_n pswpin) - s0)) majfaults=$(($(cgstat_n pgmajfault) - mf0)) zram_kib=$zram_kib memory_current_kib=$cur_kib guest_ram_rss_kib=$ram"
     fi
-    echo "REDISTIER mode=$mode share=$share limit_kib=$limit_kib ops_per_s=$ops ops=$n dram_kib=$dram vmm_cpu_ticks=$((u1 - u0)) $faults$stalled" | tee -a "$W/results.txt"
+    kvmstat > "$W/kvm1"
+    kvm=$([ -s "$W/kvm0" ] && kvm_delta "$W/kvm0" "$W/kvm1")
+    echo "REDISTIER mode=$mode share=$share limit_kib=$limit_kib ops_per_s=$ops ops=$n dram_kib=$dram vmm_cpu_ticks=$((u1 - u0)) $faults $kvm$stalled" | tee -a "$W/results.txt"
     seed=$((seed + 1))
     [ -n "$stalled" ] && break
   done
