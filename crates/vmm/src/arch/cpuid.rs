@@ -15,7 +15,8 @@ pub struct CpuidOptions {
     /// Offer KVM's async page faults to the guest. Off for a VM under a memory budget: there
     /// a fault KVM cannot serve at once goes to userfaultfd, and async page faults turn each
     /// into a kernel worker's fault, a "not present" event, a guest reschedule and a "ready"
-    /// interrupt where a blocked vCPU would simply wait (docs/tiering.md, "KVM").
+    /// interrupt; hidden, KVM still hands the fault to its worker but halts the vCPU
+    /// meanwhile, with no event in the guest (docs/tiering.md, "KVM").
     pub async_pf: bool,
 }
 
