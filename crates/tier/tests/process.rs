@@ -221,14 +221,23 @@ fn threads_keep_running_while_a_budget_cut_takes_effect() {
     let (size, budget) = (128 * MIB, 4 * MIB);
     let region = Arc::new(Region::new(size, size));
     // Three pages in four hold data; the rest are holes, which a touch fills (zeros).
+    // Filled in a scattered order: faults walking forward would bring the holes in too.
     let filled = |pg: u64| pg % 4 != 3;
-    for pg in (0..region.pages()).filter(|&pg| filled(pg)) {
+    let pages = region.pages();
+    for pg in (0..pages)
+        .map(|i| i * 7919 % pages)
+        .filter(|&pg| filled(pg))
+    {
         fill(region.page(pg), pg, 1);
     }
     let at_cut = region.tier().stats().resident;
     let done = Arc::new(AtomicBool::new(false));
     let peak = sampler(region.clone(), done.clone());
     let bad = Arc::new(AtomicU64::new(0));
+    // The cut first (the readers fill holes: started before it, they would add pages
+    // under the old budget), then the readers, long before the excess has left.
+    let before = region.tier().stats();
+    region.tier().set_budget(budget);
     let readers: Vec<_> = (0..4u64)
         .map(|t| {
             let (region, bad, done) = (region.clone(), bad.clone(), done.clone());
@@ -250,8 +259,6 @@ fn threads_keep_running_while_a_budget_cut_takes_effect() {
             })
         })
         .collect();
-    let before = region.tier().stats();
-    region.tier().set_budget(budget);
     // The missing faults served while the excess was still leaving.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     let mut during = 0;
