@@ -286,7 +286,7 @@ fn threads_keep_running_while_a_budget_cut_takes_effect() {
     );
     assert_eq!(bad.load(Ordering::Relaxed), 0, "pages read back wrong");
     // Measured: 0 when the first missing fault waited for the whole excess to leave (the
-    // others queued behind it); 1,200-1,600 since.
+    // others queued behind it); 1,000-2,000 since.
     assert!(
         during >= 10,
         "only {during} missing faults were served while the cut's excess left: the \
