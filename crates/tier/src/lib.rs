@@ -446,7 +446,8 @@ impl Tier {
         self.shared.budget.load(Ordering::Relaxed)
     }
 
-    /// Changes the budget; pages leave at once if the tier is now over it.
+    /// Changes the budget; if the tier is now over it, pages start leaving at once, a step at
+    /// a time between faults (see the service thread).
     pub fn set_budget(&self, bytes: u64) {
         self.shared.budget.store(bytes, Ordering::Relaxed);
         self.shared.wake_service();
