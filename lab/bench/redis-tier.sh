@@ -151,6 +151,8 @@ kvm_delta() { paste "$1" "$2" | awk '{ printf "kvm_%s=%d ", $1, $4 - $2 }'; }
 # tier_get: one GET /memory-tier into $W/t.json; tier_n KEY: a counter from it.
 tier_get() { densevm vm memory-tier --api-sock "$W/api.sock" --json > "$W/t.json" || fail "GET /memory-tier"; }
 tier_n() { json_number "$W/t.json" "$1"; }
+# tier_dram FILE: the DRAM a GET /memory-tier answer counts (resident + compressed store), KiB.
+tier_dram() { echo $(($(json_number "$1" resident_kib) + $(json_number "$1" compressed_kib))); }
 zram_used() { awk '{ print $3 }' /sys/block/zram0/mm_stat 2> /dev/null || echo 0; }
 vmm_rss_kib() { awk '$1 == "Rss:" { print $2 }' "/proc/$vm/smaps_rollup"; }
 # ram_kib: guest RAM resident in the VMM (its memfd densevm-ram mappings).
@@ -283,10 +285,9 @@ for mode in $MODES; do
     [ -z "$ops" ] && { ops=0 n=0 stalled=" stalled=${STALL_S}s"; }
     if ! is_kernel "$mode"; then
       tier_get
-      res=$(tier_n resident_kib) comp=$(tier_n compressed_kib)
-      dram=$((res + comp))
+      dram=$(tier_dram "$W/t.json")
       warm_dram=-
-      [ -s "$W/tw.json" ] && warm_dram=$(($(json_number "$W/tw.json" resident_kib) + $(json_number "$W/tw.json" compressed_kib)))
+      [ -s "$W/tw.json" ] && warm_dram=$(tier_dram "$W/tw.json")
       faults="missing=$(($(tier_n missing_faults) - m0)) from_compressed=$(($(tier_n faults_compressed) - z0)) from_swap=$(($(tier_n faults_swap) - w0)) minor=$(($(tier_n minor_faults) - n0)) svc_cpu_ms=$((($(tier_n service_cpu_us) - c0) / 1000)) swap_pages=$(tier_n swap_pages) dram_at_measure_kib=$warm_dram"
     elif [ "$mode" = kernel-zswap ]; then
       # Everything the cgroup holds, zswap's pool included, less what it held besides
