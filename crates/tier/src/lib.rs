@@ -44,7 +44,7 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
@@ -196,6 +196,9 @@ pub(crate) struct Shared {
     stop: AtomicBool,
     wake: OwnedFd,
     state: Mutex<State>,
+    /// Callers waiting for `state` (stats, discard, freeze): the service thread, which
+    /// takes it again the moment it lets go while pages leave, steps aside for them.
+    waiters: AtomicUsize,
     counters: Counters,
 }
 
@@ -259,6 +262,11 @@ impl Shared {
     fn compressed_max(&self) -> u64 {
         self.compressed_max
             .unwrap_or(self.budget.load(Ordering::Relaxed) / 4)
+    }
+
+    /// Whether a caller waits for the state (see [`Tier::lock`]).
+    fn caller_waiting(&self) -> bool {
+        self.waiters.load(Ordering::SeqCst) > 0
     }
 
     /// Whether a fault message waits on the userfaultfd (a poll that does not sleep).
@@ -413,6 +421,7 @@ impl Tier {
             swap_dir: config.swap_dir,
             base: config.base,
             stop: AtomicBool::new(false),
+            waiters: AtomicUsize::new(0),
             wake,
             state: Mutex::new(State {
                 table,
@@ -482,11 +491,19 @@ impl Tier {
         }
     }
 
+    /// The state, taken ahead of the service thread: announced in `waiters`, so a thread
+    /// moving a budget cut's excess out steps aside at its next run of pages (the lock is
+    /// not fair: it would otherwise take it back each time, and a scrape of the counters,
+    /// a balloon's release or a snapshot would wait for the whole excess).
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.shared
+        self.shared.waiters.fetch_add(1, Ordering::SeqCst);
+        let st = self
+            .shared
             .state
             .lock()
-            .unwrap_or_else(|poison| poison.into_inner())
+            .unwrap_or_else(|poison| poison.into_inner());
+        self.shared.waiters.fetch_sub(1, Ordering::SeqCst);
+        st
     }
 
     /// Gives `[offset, offset + len)` of the file back to the host (a balloon or a free

@@ -37,6 +37,8 @@ const TICK: Duration = Duration::from_millis(100);
 /// before it sleeps: a sleeping thread's wake-up costs more than this (a scheduler round
 /// trip, an IPI and, in a VM, exits), and faults come in bursts.
 const SPIN: Duration = Duration::from_micros(30);
+/// Longest the service thread stands aside for a caller waiting for the state.
+const HANDOFF: Duration = Duration::from_millis(10);
 /// Largest sequential prefetch, in pages.
 const MAX_WINDOW: usize = 16;
 /// Most compressed pages demoted to the swap file per step: more than an eviction step
@@ -72,6 +74,12 @@ pub(crate) fn run(sh: Arc<Shared>) {
             sw.flush();
         }
         drop(st);
+        // A caller waiting for the state (see `Tier::lock`) takes it before this thread
+        // takes it back; bounded, in case that caller is slow to get a CPU.
+        let until = Instant::now() + HANDOFF;
+        while sh.caller_waiting() && Instant::now() < until {
+            std::thread::yield_now();
+        }
         busy = over || served;
         sh.counters
             .service_cpu_ns
@@ -143,10 +151,14 @@ struct Service {
 }
 
 impl Service {
-    /// Serves every queued fault; whether there was any.
+    /// Serves every queued fault, or stops after one for a caller waiting for the state
+    /// (threads that keep faulting keep the queue from running dry); whether there was any.
     fn serve_all(&mut self, sh: &Shared, st: &mut State) -> bool {
         let mut any = false;
         loop {
+            if any && sh.caller_waiting() {
+                return true;
+            }
             match sh.uffd.read_msg() {
                 Ok(Some(msg)) => {
                     any = true;
@@ -447,14 +459,15 @@ impl Service {
     }
 
     /// Moves `victims` (armed, so unmapped: nothing writes them meanwhile) out of the file.
-    /// With `yielding`, stops at a run boundary once a fault waits, after at least one run;
+    /// With `yielding`, stops at a run boundary once a fault or a caller (see `Tier::lock`)
+    /// waits, after at least one run;
     /// the victims not reached go back to the front of the armed queue.
     fn evict(&mut self, sh: &Shared, st: &mut State, victims: &[usize], yielding: bool) {
         let cmax = sh.compressed_max();
         let mut buf = std::mem::take(&mut self.buf);
         let mut done = 0;
         for run in runs(victims) {
-            if yielding && done > 0 && sh.fault_waiting() {
+            if yielding && done > 0 && (sh.fault_waiting() || sh.caller_waiting()) {
                 st.table.requeue_armed(&victims[done..]);
                 break;
             }
