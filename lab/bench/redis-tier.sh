@@ -23,9 +23,11 @@
 #            kernel also swaps the cgroup's other pages, whose part of zram cannot be told
 #            apart): the kernel's true figure lies between the two
 # In each, L1 runs through `densevm exec`: `kvzipf load` (BENCH_REDIS_KEYS keys of
-# BENCH_REDIS_VLEN bytes into redis-server), then for each DRAM share 1/1, 1/2, 1/3, 1/4 and
-# 1/1 again: set the share, `kvzipf run` (YCSB-B, zipfian theta 0.99; BENCH_REDIS_WARMUP s of
-# warm-up, BENCH_REDIS_SECS s measured; every GET compared with what its key's last SET
+# BENCH_REDIS_VLEN bytes into redis-server), then for each DRAM share of BENCH_REDIS_SHARES
+# (default 1/1 1/2 1/3 1/4): set the share, `kvzipf run` (YCSB-B, zipfian theta 0.99;
+# BENCH_REDIS_WARMUP s of warm-up, default 180: shorter, both modes are still bringing back
+# what the cut to the share sent out, docs/benchmarks.md "Run 11"; BENCH_REDIS_SECS s
+# measured, default 30; every GET compared with what its key's last SET
 # wrote), then `kvzipf check` (every key). The share is of the working set WS: the guest RAM
 # the tier VM holds resident after the load (its GET /memory-tier). tier: budget = share x
 # WS (1/1: the whole RAM, so the tier does nothing). Kernel modes: memory.high = share x WS
@@ -54,7 +56,7 @@ case "${BENCH_REDIS_KERNEL:=bzimage}" in
   bzimage) KERNEL=$GUEST_BZIMAGE ;;
   *) fail "BENCH_REDIS_KERNEL is vmlinux or bzimage" ;;
 esac
-WARM=${BENCH_REDIS_WARMUP:-20}
+WARM=${BENCH_REDIS_WARMUP:-180}
 SECS=${BENCH_REDIS_SECS:-30}
 MODES=${BENCH_REDIS_MODES:-tier kernel-zswap}
 ZSWAP_FRAC=${BENCH_REDIS_ZSWAP_FRAC:-1/4}
