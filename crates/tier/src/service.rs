@@ -460,8 +460,8 @@ impl Service {
 
     /// Moves `victims` (armed, so unmapped: nothing writes them meanwhile) out of the file.
     /// With `yielding`, stops at a run boundary once a fault or a caller (see `Tier::lock`)
-    /// waits, after at least one run;
-    /// the victims not reached go back to the front of the armed queue.
+    /// waits, after at least one run; the victims not reached go back to the front of the
+    /// armed queue.
     fn evict(&mut self, sh: &Shared, st: &mut State, victims: &[usize], yielding: bool) {
         let cmax = sh.compressed_max();
         let mut buf = std::mem::take(&mut self.buf);
