@@ -142,7 +142,7 @@ start_vm() {
 # "name value" a line; kvm_delta A B: the chosen ones' growth from A to B. They show how a
 # fault is served: the tier's faults halt the vCPU and wake threads across L1's CPUs (IPIs),
 # the kernel's swap-ins mostly do not.
-mountpoint -q /sys/kernel/debug || mount -t debugfs none /sys/kernel/debug || true
+grep -q ' /sys/kernel/debug ' /proc/mounts || mount -t debugfs none /sys/kernel/debug || true
 kvmstat() {
   for f in exits halt_wakeup pf_taken remote_tlb_flush; do
     echo "$f $(cat /sys/kernel/debug/kvm/$f 2> /dev/null || echo 0)"

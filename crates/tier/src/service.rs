@@ -76,9 +76,11 @@ pub(crate) fn run(sh: Arc<Shared>) {
         drop(st);
         // A caller waiting for the state (see `Tier::lock`) takes it before this thread
         // takes it back; bounded, in case that caller is slow to get a CPU.
-        let until = Instant::now() + HANDOFF;
-        while sh.caller_waiting() && Instant::now() < until {
-            std::thread::yield_now();
+        if sh.caller_waiting() {
+            let until = Instant::now() + HANDOFF;
+            while sh.caller_waiting() && Instant::now() < until {
+                std::thread::yield_now();
+            }
         }
         busy = over || served;
         sh.counters
