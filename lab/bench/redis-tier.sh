@@ -76,7 +76,7 @@ if [ -b /dev/vda ]; then
 else
   echo "# redis-tier: no scratch disk (/dev/vda): the tier's swap file is in L1's RAM"
 fi
-echo "# redis-tier: $(date -u +%Y-%m-%dT%H:%MZ), L1 $(nproc) vCPUs, L2 $MEM, $KEYS keys x $VLEN B, windows ${WARM}+${SECS} s, modes: $MODES, guest kernel $BENCH_REDIS_KERNEL, zswap cap $ZSWAP_FRAC"
+echo "# redis-tier: $(date -u +%Y-%m-%dT%H:%MZ), L1 $(nproc) vCPUs, L2 $MEM, $KEYS keys x $VLEN B, windows ${WARM}+${SECS} s, modes: $MODES, guest kernel $BENCH_REDIS_KERNEL, zswap cap $ZSWAP_FRAC, VMM on L1 CPUs ${BENCH_REDIS_CPUS:-all}"
 
 GUEST='ip link set lo up
 redis-server --bind 127.0.0.1 --port 6379 --save "" --appendonly no --protected-mode no --daemonize no > /tmp/redis.log 2>&1 &
@@ -122,7 +122,11 @@ start_vm() {
   # The kernel modes' VMM joins the cgroup before it allocates anything.
   join=:
   is_kernel "$1" && join="echo \$\$ > $cg/cgroup.procs"
-  sh -c "$join && exec densevm run --kernel $KERNEL --initrd $INITRD --memory $MEM \
+  # BENCH_REDIS_CPUS: the VMM's threads on these L1 CPUs only (a busybox taskset list,
+  # e.g. 1), in every mode: a VM confined to one CPU, as on a host packed with VMs.
+  pin=
+  [ -n "${BENCH_REDIS_CPUS:-}" ] && pin="busybox taskset -c $BENCH_REDIS_CPUS"
+  sh -c "$join && exec $pin densevm run --kernel $KERNEL --initrd $INITRD --memory $MEM \
     --vsock cid=3,uds=$W/v.sock --api-sock $W/api.sock $budget --report-json $W/$1.json \
     --cmdline '${BENCH_REDIS_CMDLINE:-}console=ttyS0 panic=-1 quiet densevm.agent hold densevm.script=$GUEST_B64'" > "$W/$1.log" 2>&1 &
   vm=$!
@@ -175,6 +179,31 @@ perf_window() {
   $perf report -i "$W/perf.data" --no-children --sort comm,dso,sym --stdio -g none 2> /dev/null | grep '%' | head -70
   echo "PERF tier thread, callers:"
   $perf report -i "$W/perf.data" --comm tier --children --sort sym --stdio -g none 2> /dev/null | grep '%' | head -60
+}
+
+# trace_window DELAY SECS: after DELAY s, records L1's scheduler, KVM, IPI and workqueue
+# events and the tier thread's system calls for SECS s (BENCH_REDIS_TRACE_SECS, default 2)
+# with the perf of perf_window, and prints them gzipped in base64 between TRACE-BEGIN and
+# TRACE-END lines; scripts/redis-tier-trace.py on the host follows each fault through
+# them. BENCH_REDIS_TRACE="MODE@SHARE ..." picks the windows. A diagnosis aid, not a
+# result: the tracing itself slows the traced window.
+trace_window() {
+  pr=$LAB_EXTRA/perf-root
+  perf="$pr/lib64/ld-linux-x86-64.so.2 --library-path $pr/lib/x86_64-linux-gnu $pr/usr/bin/perf"
+  sleep "$1"
+  tier_tid=$(grep -l '^tier$' /proc/"$vm"/task/*/comm 2> /dev/null | head -n 1 | cut -d/ -f5)
+  $perf record -a -o "$W/trace.data" -e sched:sched_switch -e sched:sched_wakeup \
+    -e kvm:kvm_exit -e kvm:kvm_entry -e kvm:kvm_page_fault -e 'kvm:kvm_async_pf_*' \
+    -e kvm:kvm_try_async_get_page -e irq_vectors:call_function_entry \
+    -e irq_vectors:call_function_single_entry -e irq_vectors:reschedule_entry \
+    -e workqueue:workqueue_execute_start -e workqueue:workqueue_execute_end \
+    -e raw_syscalls:sys_enter --filter "common_pid == ${tier_tid:-0}" \
+    -e raw_syscalls:sys_exit --filter "common_pid == ${tier_tid:-0}" \
+    -- sleep "$2" > "$W/trace.log" 2>&1 || { cat "$W/trace.log"; return; }
+  $perf script -i "$W/trace.data" -F comm,tid,cpu,time,event,trace > "$W/trace.txt" 2> "$W/trace.err" || cat "$W/trace.err"
+  echo "TRACE-BEGIN vm=$vm tier_tid=$tier_tid lines=$(wc -l < "$W/trace.txt")"
+  gzip -c "$W/trace.txt" | base64
+  echo "TRACE-END"
 }
 
 ws_kib=${BENCH_REDIS_WS_KIB:-}
@@ -274,6 +303,7 @@ for mode in $MODES; do
     # window's measured part, with the perf of build/lab/perf-root (LAB_EXTRA) — a
     # diagnosis aid, not a result.
     [ "${BENCH_REDIS_PERF:-}" = "$mode@$share" ] && perf_window "$WARM" "$SECS" &
+    case " ${BENCH_REDIS_TRACE:-} " in *" $mode@$share "*) trace_window "$WARM" "${BENCH_REDIS_TRACE_SECS:-2}" & ;; esac
     # A window that takes four times its length has stalled (memory.high with zswap's pool
     # over the limit: L1's 6.1 kernel cannot write that pool back for one cgroup, so it
     # throttles the VMM): recorded as such, and the mode ends there.
