@@ -91,7 +91,6 @@ def main():
     woken = {}  # tid -> wakeup time
     wake_lat = defaultdict(list)
     wakers = defaultdict(Counter)
-    cpu_busy = defaultdict(float)
     for t, tid, comm, cpu, ev, rest in evs:
         if ev == "sched:sched_switch":
             a = kv(rest)
@@ -179,7 +178,6 @@ def main():
     by_tid = defaultdict(list)
     for e in evs:
         by_tid[e[1]].append(e)
-    tier_sys = [e for e in evs if e[1] == tier and e[4].startswith("raw_syscalls")]
     vk = [e for e in by_tid[vcpu] if e[4].startswith("kvm:")]
     vk_t = [e[0] for e in vk]
     comp = defaultdict(list)  # gva -> completed events
@@ -190,14 +188,12 @@ def main():
     for e in evs:
         if e[4] == "kvm:kvm_async_pf_ready":
             ready.setdefault(re.search(r"token (\S+)", e[5]).group(1), []).append(e)
-    ioctls = [e for e in tier_sys if e[4].endswith("sys_enter") and re.search(r"NR 16 ", e[5])]
-    io_t = [e[0] for e in ioctls]
-    exits_all = [e for e in tier_sys if e[4].endswith("sys_exit")]
-    segs = defaultdict(list)
-    c_parts = Counter()
-    sys_iv = []  # the tier thread's system calls: (enter, exit, name)
+    # The tier thread's system calls: (enter, exit, name).
+    sys_iv = []
     pending = None
-    for e in tier_sys:
+    for e in evs:
+        if e[1] != tier or not e[4].startswith("raw_syscalls"):
+            continue
         if e[4].endswith("sys_enter"):
             m = re.search(r"NR (\d+)", e[5])
             pending = (e[0], SYSCALLS.get(int(m.group(1)), m.group(1)) if m else "?")
@@ -205,6 +201,10 @@ def main():
             sys_iv.append((pending[0], e[0], pending[1]))
             pending = None
     sys_t = [a for a, _, _ in sys_iv]
+    ioctls = [iv for iv in sys_iv if iv[2] == "ioctl"]
+    io_t = [a for a, _, _ in ioctls]
+    segs = defaultdict(list)
+    c_parts = Counter()
     n_np = n_ok = 0
     second = 0
     for e in evs:
@@ -231,7 +231,6 @@ def main():
         segs["a exit -> KVM hands the fault to its worker"].append(t0 - ex[0])
         segs["b -> the worker starts"].append(ws[0] - t0)
         if io:
-            iox = next((x for x in exits_all if x[0] > io[0]), None)
             segs["c worker starts -> tier's ioctl"].append(io[0] - ws[0])
             # what the tier thread did in c: its system calls, by name, and the rest
             lo, hi = bisect.bisect_left(sys_t, ws[0]), bisect.bisect_left(sys_t, io[0])
@@ -241,9 +240,8 @@ def main():
             for nm, v in inside.items():
                 c_parts[nm] += v
             c_parts["(not in a system call)"] += (io[0] - ws[0]) - sum(inside.values())
-            if iox:
-                segs["d tier's ioctl (copy/continue)"].append(iox[0] - io[0])
-                segs["e ioctl done -> worker completes"].append(c[0] - iox[0])
+            segs["d tier's ioctl (copy/continue)"].append(io[1] - io[0])
+            segs["e ioctl done -> worker completes"].append(c[0] - io[1])
         else:
             segs["c' worker starts -> completes (no tier ioctl between)"].append(c[0] - ws[0])
         segs["f worker completes -> vCPU in guest"].append(ent[0] - c[0])
@@ -263,17 +261,9 @@ def main():
         for nm, v in c_parts.most_common():
             print(f"     {nm:28s} {v / n_ok * 1e6:8.1f} µs")
 
-    # The tier thread's system calls: time inside each, by call.
     sysd = defaultdict(list)
-    open_ = {}
-    for t, tid, comm, cpu, ev, rest in tier_sys:
-        m = re.search(r"NR (\d+)", rest)
-        nr = int(m.group(1)) if m else -1
-        if ev.endswith("sys_enter"):
-            open_[tid] = (t, nr)
-        elif tid in open_:
-            s, n = open_.pop(tid)
-            sysd[SYSCALLS.get(n, str(n))].append(t - s)
+    for a, b, nm in sys_iv:
+        sysd[nm].append(b - a)
     print("\ntier thread system calls (enter to exit):")
     for k, v in sorted(sysd.items(), key=lambda kv: -sum(kv[1])):
         summary(k, v)

@@ -164,13 +164,14 @@ vmm_rss_kib() { awk '$1 == "Rss:" { print $2 }' "/proc/$vm/smaps_rollup"; }
 # ram_kib: guest RAM resident in the VMM (its memfd densevm-ram mappings).
 ram_kib() { awk '/^[0-9a-f]+-[0-9a-f]+ / { r = / densevm-ram / || /memfd:densevm-ram/ } r && $1 == "Rss:" { s += $2 } END { print s + 0 }' "/proc/$vm/smaps"; }
 
-# perf_window DELAY SECS: after DELAY s, samples the VMM for SECS s; prints where its
-# threads spent their time. It runs the host's perf (Debian 12's linux-perf, version 6.1
-# like L1's kernel) packed with its libraries into build/lab/perf-root and passed in
+# $perf, for perf_window and trace_window: the host's perf (Debian 12's linux-perf, version
+# 6.1 like L1's kernel) packed with its libraries into build/lab/perf-root and passed in
 # LAB_EXTRA: `. lab/lib/common.sh && copy_with_libs build/lab/perf-root /usr/bin/perf`.
+pr=$LAB_EXTRA/perf-root
+perf="$pr/lib64/ld-linux-x86-64.so.2 --library-path $pr/lib/x86_64-linux-gnu $pr/usr/bin/perf"
+# perf_window DELAY SECS: after DELAY s, samples the VMM for SECS s; prints where its
+# threads spent their time.
 perf_window() {
-  pr=$LAB_EXTRA/perf-root
-  perf="$pr/lib64/ld-linux-x86-64.so.2 --library-path $pr/lib/x86_64-linux-gnu $pr/usr/bin/perf"
   sleep "$1"
   $perf record -F 499 -g -p "$vm" -o "$W/perf.data" -- sleep "$2" > "$W/perf.log" 2>&1 || { cat "$W/perf.log"; return; }
   echo "PERF by thread:"
@@ -183,13 +184,11 @@ perf_window() {
 
 # trace_window DELAY SECS: after DELAY s, records L1's scheduler, KVM, IPI and workqueue
 # events and the tier thread's system calls for SECS s (BENCH_REDIS_TRACE_SECS, default 2)
-# with the perf of perf_window, and prints them gzipped in base64 between TRACE-BEGIN and
+# with $perf, and prints them gzipped in base64 between TRACE-BEGIN and
 # TRACE-END lines; scripts/redis-tier-trace.py on the host follows each fault through
 # them. BENCH_REDIS_TRACE="MODE@SHARE ..." picks the windows. A diagnosis aid, not a
 # result: the tracing itself slows the traced window.
 trace_window() {
-  pr=$LAB_EXTRA/perf-root
-  perf="$pr/lib64/ld-linux-x86-64.so.2 --library-path $pr/lib/x86_64-linux-gnu $pr/usr/bin/perf"
   sleep "$1"
   tier_tid=$(grep -l '^tier$' /proc/"$vm"/task/*/comm 2> /dev/null | head -n 1 | cut -d/ -f5)
   $perf record -a -o "$W/trace.data" -e sched:sched_switch -e sched:sched_wakeup \
