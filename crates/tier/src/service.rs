@@ -83,10 +83,12 @@ pub(crate) fn run(sh: Arc<Shared>) {
             }
         }
         busy = over || served;
-        sh.counters
-            .service_cpu_ns
-            .store(thread_cpu_ns(), Ordering::Relaxed);
     }
+    // Callers read the running thread's CPU clock (`Tier::stats`); this is what they read
+    // once it has ended.
+    sh.counters
+        .service_cpu_ns
+        .store(thread_cpu_ns(), Ordering::Relaxed);
 }
 
 /// Sleeps until a fault message or a wake-up arrives, or `timeout` passes; first polls

@@ -3,7 +3,7 @@
 //! dropped once written back, and read back with direct I/O). Zero pages are kept in
 //! neither: they are holes.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::{HashSet, VecDeque};
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -136,6 +136,10 @@ pub(crate) struct Swap {
     direct: bool,
     /// The descriptor's status flags without O_DIRECT, read once.
     flags: libc::c_int,
+    /// Whether O_DIRECT is on now: reads of written-back pages turn it on, writes and
+    /// reads through the page cache off, each only when it is not already so (a run of
+    /// faults served, then a step of evictions, costs two `fcntl` calls, not two a page).
+    direct_on: Cell<bool>,
     /// The aligned buffer direct reads land in.
     bounce: RefCell<Box<AlignedPage>>,
 }
@@ -184,6 +188,7 @@ impl Swap {
             cached: HashSet::new(),
             direct: true,
             flags,
+            direct_on: Cell::new(false),
             bounce: RefCell::new(Box::new(AlignedPage([0; PAGE as usize]))),
         };
         // Probe once: tmpfs (before Linux 6.6) and some FUSE file systems refuse O_DIRECT.
@@ -194,9 +199,13 @@ impl Swap {
         Ok(swap)
     }
 
-    /// Turns O_DIRECT on or off on the file's one descriptor. Every use of the file is
-    /// under the tier's state lock, so reads can turn it on and off around themselves.
+    /// Turns O_DIRECT on or off on the file's one descriptor (an `O_TMPFILE` file has no
+    /// path to open a second one by, and the service thread may not open `/proc`), if it
+    /// is not so already. Every use of the file is under the tier's state lock.
     fn set_direct(&self, on: bool) -> io::Result<()> {
+        if self.direct_on.get() == on {
+            return Ok(());
+        }
         let flags = if on {
             self.flags | libc::O_DIRECT
         } else {
@@ -206,6 +215,7 @@ impl Swap {
         if unsafe { libc::fcntl(self.file.as_raw_fd(), libc::F_SETFL, flags) } < 0 {
             return Err(io::Error::last_os_error());
         }
+        self.direct_on.set(on);
         Ok(())
     }
 
@@ -221,7 +231,10 @@ impl Swap {
                 self.next - 1
             }
         };
-        if let Err(e) = self.file.write_all_at(data, u64::from(slot) * PAGE) {
+        let written = self
+            .set_direct(false)
+            .and_then(|()| self.file.write_all_at(data, u64::from(slot) * PAGE));
+        if let Err(e) = written {
             self.free.push(slot);
             return Err(e);
         }
@@ -256,14 +269,12 @@ impl Swap {
     pub fn read(&self, slot: u32, out: &mut [u8]) -> io::Result<()> {
         let at = u64::from(slot) * PAGE;
         if !self.direct || self.cached.contains(&slot) || out.len() != PAGE as usize {
+            self.set_direct(false)?;
             return self.file.read_exact_at(out, at);
         }
         self.set_direct(true)?;
         let mut bounce = self.bounce.borrow_mut();
-        let read = self.file.read_exact_at(&mut bounce.0, at);
-        let restored = self.set_direct(false);
-        read?;
-        restored?;
+        self.file.read_exact_at(&mut bounce.0, at)?;
         out.copy_from_slice(&bounce.0);
         Ok(())
     }

@@ -311,3 +311,76 @@ fn threads_keep_running_while_a_budget_cut_takes_effect() {
     );
     assert!(s.resident <= budget + slack(budget), "{s:?}");
 }
+
+/// Writes race with evictions: four threads keep incrementing a counter in pages of their
+/// own picked at random, 15 of 16 picks in an eighth of their pages (so pages are armed,
+/// written again while armed, chosen to leave and brought back, all the time), under a
+/// budget of a quarter of the region. Every increment must be there at the end: a write to
+/// an armed page is a minor fault the service thread serves, so none can land between an
+/// evicted page's read and its punch.
+#[test]
+fn writes_racing_with_evictions_are_never_lost() {
+    use std::time::{Duration, Instant};
+    let (size, budget) = (32 * MIB, 8 * MIB);
+    let started = Instant::now();
+    let region = Arc::new(Region::new(size, budget));
+    let pages = region.pages();
+    let threads: Vec<_> = (0..4u64)
+        .map(|t| {
+            let region = region.clone();
+            std::thread::spawn(move || {
+                let mine: Vec<u64> = (0..pages).filter(|p| p % 4 == t).collect();
+                let mut counts = vec![0u64; mine.len()];
+                let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ (t + 1);
+                let until = Instant::now() + Duration::from_secs(3);
+                while Instant::now() < until {
+                    for _ in 0..1000 {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        let r = (x >> 8) as usize;
+                        let i = if x % 16 != 0 {
+                            r % (mine.len() / 8)
+                        } else {
+                            r % mine.len()
+                        };
+                        let word = region.page(mine[i]).as_mut_ptr();
+                        // SAFETY: the page is this thread's alone, mapped for the test's
+                        // life; volatile so that every increment is a store to the page.
+                        unsafe { word.write_volatile(word.read_volatile() + 1) };
+                        counts[i] += 1;
+                    }
+                }
+                let lost = mine
+                    .iter()
+                    .zip(&counts)
+                    .filter(|&(&pg, &n)| region.page(pg)[0] != n)
+                    .count();
+                (lost, counts.iter().sum::<u64>())
+            })
+        })
+        .collect();
+    let (mut lost, mut writes) = (0, 0);
+    for t in threads {
+        let (l, w) = t.join().unwrap();
+        lost += l;
+        writes += w;
+    }
+    let s = region.tier().stats();
+    eprintln!("stats: {s:?}; {writes} increments, {lost} pages wrong");
+    assert_eq!(
+        lost, 0,
+        "pages lost increments that raced with their eviction"
+    );
+    let evicted = s.evicted_zero + s.evicted_compressed + s.evicted_swap;
+    assert!(evicted > 10_000, "too few evictions to race with: {s:?}");
+    assert!(s.minor_faults > 0, "no armed page was written again: {s:?}");
+    // The service thread's CPU, read from its clock while it runs: it served and evicted
+    // all along, and one thread cannot have used more CPU than the test's time.
+    let cpu = Duration::from_nanos(s.service_cpu_ns);
+    assert!(
+        cpu > Duration::from_millis(10) && cpu < started.elapsed(),
+        "service thread CPU {cpu:?} over {:?}: {s:?}",
+        started.elapsed()
+    );
+}
