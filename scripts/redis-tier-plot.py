@@ -18,6 +18,7 @@ import plotframe
 
 COLORS = {
     "tier": "#1f77b4",
+    "tier-alt": "#9467bd",
     "tier-eq": "#17becf",
     "tier-eq-hi": "#2ca02c",
     "kernel": "#d62728",
@@ -25,6 +26,7 @@ COLORS = {
 }
 LABELS = {
     "tier": "densevm tier, budget = share x WS (LZ4 store counted)",
+    "tier-alt": "densevm tier, another build (BENCH_REDIS_ALT)",
     "tier-eq": "densevm tier, budget = the kernel's DRAM (low count)",
     "tier-eq-hi": "densevm tier, budget = the kernel's DRAM (high count)",
     "kernel": "L1 kernel: memory.high + zram (dashed: its DRAM counted low to high)",

@@ -22,6 +22,9 @@
 #   tier-eq-hi  the same with that DRAM counted high: resident guest RAM + all of zram (the
 #            kernel also swaps the cgroup's other pages, whose part of zram cannot be told
 #            apart): the kernel's true figure lies between the two
+#   tier-alt the tier with another densevm build (BENCH_REDIS_ALT, a path in L1), for
+#            paired runs of two builds in one boot ("tier tier-alt tier tier-alt"); like
+#            `tier`, each of its VMs measures its own WS after the load
 # In each, L1 runs through `densevm exec`: `kvzipf load` (BENCH_REDIS_KEYS keys of
 # BENCH_REDIS_VLEN bytes into redis-server), then for each DRAM share of BENCH_REDIS_SHARES
 # (default 1/1 1/2 1/3 1/4): set the share, `kvzipf run` (YCSB-B, zipfian theta 0.99;
@@ -126,7 +129,11 @@ start_vm() {
   # e.g. 1), in every mode: a VM confined to one CPU, as on a host packed with VMs.
   pin=
   [ -n "${BENCH_REDIS_CPUS:-}" ] && pin="busybox taskset -c $BENCH_REDIS_CPUS"
-  sh -c "$join && exec $pin densevm run --kernel $KERNEL --initrd $INITRD --memory $MEM \
+  # tier-alt: the same with another densevm binary (BENCH_REDIS_ALT), to pair two builds
+  # in one L1 boot (boots differ more than builds, docs/benchmarks.md run 12).
+  bin=densevm
+  [ "$1" = tier-alt ] && bin=$BENCH_REDIS_ALT
+  sh -c "$join && exec $pin $bin run --kernel $KERNEL --initrd $INITRD --memory $MEM \
     --vsock cid=3,uds=$W/v.sock --api-sock $W/api.sock $budget --report-json $W/$1.json \
     --cmdline '${BENCH_REDIS_CMDLINE:-}console=ttyS0 panic=-1 quiet densevm.agent hold densevm.script=$GUEST_B64'" > "$W/$1.log" 2>&1 &
   vm=$!
@@ -210,6 +217,7 @@ ws_kib=${BENCH_REDIS_WS_KIB:-}
 for mode in $MODES; do
   case "$mode" in
     tier) ;;
+    tier-alt) [ -x "${BENCH_REDIS_ALT:-}" ] || fail "tier-alt needs BENCH_REDIS_ALT: a second densevm binary in L1 (e.g. LAB_EXTRA=build/lab/densevm-old, BENCH_REDIS_ALT=/lab/extra/densevm-old)" ;;
     tier-eq | tier-eq-hi) [ -s "$W/kdram.2" ] || fail "$mode needs the kernel mode's DRAM figures first" ;;
     kernel)
       cg_setup
@@ -237,12 +245,12 @@ for mode in $MODES; do
       echo Y > $zs/enabled || fail "cannot enable zswap"
       echo "# zswap: enabled $(cat $zs/enabled), $(cat $zs/compressor), $(cat $zs/zpool), max_pool_percent $(cat $zs/max_pool_percent); swap $(tail -n +2 /proc/swaps | awk '{ printf "%s %s KiB; ", $1, $3 }')"
       ;;
-    *) fail "unknown mode $mode (tier, kernel, kernel-zswap, tier-eq, tier-eq-hi)" ;;
+    *) fail "unknown mode $mode (tier, tier-alt, kernel, kernel-zswap, tier-eq, tier-eq-hi)" ;;
   esac
   t0=$(uptime_s)
   start_vm "$mode"
   echo "$mode: up and loaded in $(awk -v a="$t0" -v b="$(uptime_s)" 'BEGIN { printf "%.0f", b - a }') s"
-  if [ "$mode" = tier ]; then
+  if [ "$mode" = tier ] || [ "$mode" = tier-alt ]; then
     tier_get
     ws_kib=$(tier_n resident_kib)
     echo "REDISTIER-WS ws_kib=$ws_kib vmm_rss_kib=$(vmm_rss_kib) guest_ram_rss_kib=$(ram_kib)"
