@@ -505,14 +505,8 @@ impl Tier {
         if unsafe { libc::pthread_getcpuclockid(thread.as_pthread_t(), &mut clock) } != 0 {
             return None;
         }
-        // SAFETY: a timespec is plain integers, for which all zeros is a valid value.
-        let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
-        // SAFETY: clock_gettime fills a timespec we own; a thread that has ended makes it
-        // fail (EINVAL), and its own last reading is used instead.
-        if unsafe { libc::clock_gettime(clock, &mut ts) } != 0 {
-            return None;
-        }
-        Some(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
+        // A thread that has ended has no clock: its own last reading is used instead.
+        service::clock_ns(clock)
     }
 
     /// The state, taken ahead of the service thread: announced in `waiters`, so a thread

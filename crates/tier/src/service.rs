@@ -128,11 +128,19 @@ fn wait(sh: &Shared, timeout: Duration, spin: Duration) {
 }
 
 fn thread_cpu_ns() -> u64 {
-    // SAFETY: clock_gettime fills a timespec we own.
+    clock_ns(libc::CLOCK_THREAD_CPUTIME_ID).unwrap_or(0)
+}
+
+/// Clock `clock`'s reading in nanoseconds; `None` if it cannot be read (a thread's CPU
+/// clock once the thread has ended: EINVAL).
+pub(crate) fn clock_ns(clock: libc::clockid_t) -> Option<u64> {
+    // SAFETY: a timespec is plain integers, for which all zeros is a valid value.
     let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    // SAFETY: clock_gettime fills a timespec we own.
+    if unsafe { libc::clock_gettime(clock, &mut ts) } != 0 {
+        return None;
+    }
+    Some(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
 }
 
 /// A fault the tier cannot serve leaves a guest thread blocked on memory whose data is
