@@ -10,8 +10,12 @@
 #   kernel-zswap  no budget; the VMM runs in a cgroup v2 whose memory.high L1's kernel
 #            enforces, with zswap (lz4, zsmalloc) in front of a swap file on the same disk
 #            and vm.page-cluster 0: the kernel's answer, and the pair of the tier's store +
-#            file. zswap's pool is charged to the cgroup, so memory.high holds all the DRAM
-#            the guest's RAM uses, as the tier's budget does. memory.zswap.max caps the pool
+#            file. zswap's pool is charged to the cgroup; every 10 s memory.high is set so
+#            that guest RAM's pages + the pool hold share x WS, as the tier's budget does
+#            (BENCH_REDIS_HOLD=0: fixed once, as in runs 7-13, when the kernel's reclaim of
+#            the cgroup's other charge gave the guest ~20 % more). The VM copies its boot
+#            images into guest RAM as one with a budget does (BENCH_REDIS_IMAGES=map: mapped
+#            from their files, as in runs 1-13). memory.zswap.max caps the pool
 #            at BENCH_REDIS_ZSWAP_FRAC of the limit (default 1/4, the tier's store share;
 #            `max`: no cap — L1's 6.1 kernel cannot write the pool back for one cgroup, so
 #            the VMM stalls once the pool alone outgrows the limit)
@@ -37,8 +41,8 @@
 # + the cgroup's other charge (memory.current after the load minus guest RAM resident: the
 # mapped initrd (and kernel), the VMM, KVM's page tables; 1/1: no limit).
 # "DRAM" columns hold guest RAM only: tier = resident + compressed store (what the budget
-# counts); kernel-zswap = memory.current - the other charge (the zswap pool is in
-# memory.current); kernel = memory.current + zram's mem_used_total - the other charge.
+# counts); kernel-zswap = the cgroup's shmem (guest RAM) + zswap's pool (memory.stat);
+# kernel = memory.current + zram's mem_used_total - the other charge.
 # Each window's line also has, over its measured part, L1 KVM's counters and IPIs (kvm_*,
 # below) and, for the tier, its DRAM when the measured part began (dram_at_measure_kib).
 # Lines "REDISTIER ..." are the raw results; a table follows. Times are TCG-distorted: read
@@ -133,7 +137,11 @@ start_vm() {
   # in one L1 boot (boots differ more than builds, docs/benchmarks.md run 12).
   bin=densevm
   [ "$1" = tier-alt ] && bin=$BENCH_REDIS_ALT
-  sh -c "$join && exec $pin $bin run --kernel $KERNEL --initrd $INITRD --memory $MEM \
+  # The kernel modes copy the boot images into guest RAM as a budget does (BENCH_REDIS_IMAGES
+  # =map: mapped from their files, as runs 1-13 did), so all guest memory is in RAM's file.
+  images=
+  is_kernel "$1" && images="--boot-images ${BENCH_REDIS_IMAGES:-copy}"
+  sh -c "$join && exec $pin $bin run --kernel $KERNEL --initrd $INITRD --memory $MEM $images \
     --vsock cid=3,uds=$W/v.sock --api-sock $W/api.sock $budget --report-json $W/$1.json \
     --cmdline '${BENCH_REDIS_CMDLINE:-}console=ttyS0 panic=-1 quiet densevm.agent hold densevm.script=$GUEST_B64'" > "$W/$1.log" 2>&1 &
   vm=$!
@@ -147,6 +155,27 @@ start_vm() {
     sleep 1
   done
   echo "$1: $(cat "$W/load.out")"
+}
+
+# guest_kib: the guest data the kernel-zswap mode's cgroup holds: guest RAM's pages (the
+# cgroup's shmem: RAM's file is its only one) + zswap's pool, KiB.
+guest_kib() { echo $((($(cgstat_n shmem) + $(cgstat_n zswap)) / 1024)); }
+# kernel_hold TARGET_KIB SECS: for SECS s, every 10 s, sets memory.high so that the guest's
+# data holds TARGET_KIB, as the tier's budget does: TARGET + whatever else the cgroup holds
+# now. Under pressure the kernel also reclaims the cgroup's other charge (KVM's page tables,
+# the VMM's heap: ~23 MiB after the load, ~6 MiB at 1/3 in runs 12 and 12b), which the
+# tier's budget does not cover; memory.high fixed at the start gave the guest that much
+# more. Each step is logged to $W/hold.log.
+kernel_hold() {
+  _end=$(($(uptime_s | cut -d. -f1) + $2))
+  while [ "$(uptime_s | cut -d. -f1)" -lt "$_end" ]; do
+    sleep 10
+    _g=$(guest_kib) _cur=$(($(cat "$cg/memory.current") / 1024))
+    _high=$(($1 + _cur - _g))
+    [ "$_high" -ge "$1" ] || _high=$1
+    echo $((_high * 1024)) > "$cg/memory.high"
+    echo "$(uptime_s) guest $_g KiB, memory.current $_cur KiB, memory.high $_high KiB" >> "$W/hold.log"
+  done
 }
 
 # kvmstat: L1 KVM's counters (debugfs) and L1's call-function and TLB-shootdown IPIs, one
@@ -309,6 +338,12 @@ for mode in $MODES; do
     # BENCH_REDIS_PERF=MODE@SHARE: profile the VMM (perf record -g, cpu-clock) through that
     # window's measured part, with the perf of build/lab/perf-root (LAB_EXTRA) — a
     # diagnosis aid, not a result.
+    hold=
+    if [ "$mode" = kernel-zswap ] && [ "$share" != 1/1 ] && [ "${BENCH_REDIS_HOLD:-1}" = 1 ]; then
+      : > "$W/hold.log"
+      kernel_hold "$limit_kib" $((WARM + SECS)) &
+      hold=$!
+    fi
     [ "${BENCH_REDIS_PERF:-}" = "$mode@$share" ] && perf_window "$WARM" "$SECS" &
     case " ${BENCH_REDIS_TRACE:-} " in *" $mode@$share "*) trace_window "$WARM" "${BENCH_REDIS_TRACE_SECS:-2}" & ;; esac
     # A window that takes four times its length has stalled (memory.high with zswap's pool
@@ -317,6 +352,7 @@ for mode in $MODES; do
     if ! timeout $STALL_S $X kvzipf run "$KEYS" "$VLEN" "$WARM" "$SECS" "$seed" > "$W/run.out" 2>&1; then
       is_kernel "$mode" && ! grep -q ops_per_s= "$W/run.out" || { cat "$W/run.out"; fail "$mode $share: kvzipf run"; }
     fi
+    [ -n "$hold" ] && { kill "$hold" 2> /dev/null; wait "$hold" 2> /dev/null; echo "$mode $share: memory.high held the guest at $limit_kib KiB: $(tail -n 1 "$W/hold.log")"; }
     u1=$(awk '{ print $14 + $15 }' "/proc/$vm/stat")
     ops=$(sed -n 's/.*ops_per_s=\([0-9.]*\).*/\1/p' "$W/run.out")
     n=$(sed -n 's/.* ops=\([0-9]*\).*/\1/p' "$W/run.out")
@@ -327,12 +363,13 @@ for mode in $MODES; do
       dram=$(tier_dram "$W/t.json")
       warm_dram=-
       [ -s "$W/tw.json" ] && warm_dram=$(tier_dram "$W/tw.json")
-      faults="missing=$(($(tier_n missing_faults) - m0)) from_compressed=$(($(tier_n faults_compressed) - z0)) from_swap=$(($(tier_n faults_swap) - w0)) minor=$(($(tier_n minor_faults) - n0)) svc_cpu_ms=$((($(tier_n service_cpu_us) - c0) / 1000)) swap_pages=$(tier_n swap_pages) dram_at_measure_kib=$warm_dram"
+      faults="missing=$(($(tier_n missing_faults) - m0)) from_compressed=$(($(tier_n faults_compressed) - z0)) from_swap=$(($(tier_n faults_swap) - w0)) minor=$(($(tier_n minor_faults) - n0)) svc_cpu_ms=$((($(tier_n service_cpu_us) - c0) / 1000)) swap_pages=$(tier_n swap_pages) resident_kib=$(tier_n resident_kib) compressed_kib=$(tier_n compressed_kib) compressed_pages=$(tier_n compressed_pages) dram_at_measure_kib=$warm_dram"
     elif [ "$mode" = kernel-zswap ]; then
-      # Everything the cgroup holds, zswap's pool included, less what it held besides
-      # guest RAM after the load.
+      # Guest RAM's pages and zswap's pool (with BENCH_REDIS_HOLD=0, as in runs 7-13:
+      # everything the cgroup holds less what it held besides guest RAM after the load).
       cur_kib=$(($(cat "$cg/memory.current") / 1024))
-      dram=$((cur_kib - other))
+      dram=$(guest_kib)
+      [ "${BENCH_REDIS_HOLD:-1}" = 1 ] || [ "$share" = 1/1 ] || dram=$((cur_kib - other))
       faults="majfaults=$(($(cgstat_n pgmajfault) - mf0)) zswpin=$(($(vmstat_n zswpin) - zi0)) swapins_disk=$(($(vmstat_n pswpin) - s0)) zswap_kib=$(($(cgstat_n zswap) / 1024)) zswapped_kib=$(($(cgstat_n zswapped) / 1024)) memory_current_kib=$cur_kib guest_ram_rss_kib=$(ram_kib)"
     else
       # Everything the cgroup holds plus zram, less what it held besides guest RAM after the

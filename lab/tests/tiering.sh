@@ -11,7 +11,8 @@
 #    final JSON report's memory_tier);
 #  - guest RAM resident in L1, sampled every second through the API, never exceeds the
 #    budget plus the tier's slack (1/32 of it, at least 1 MiB: 4 MiB);
-#  - the guest did not set up KVM's async page faults (hidden under a budget).
+#  - the guest did not set up KVM's async page faults (hidden under a budget);
+#  - the VMM maps neither the kernel nor the initrd file (copied into RAM under a budget).
 # Then a restore under a budget: L1 snapshots the VM (its files still in the guest's
 # tmpfs), kills it and restores the snapshot with `--memory-budget 96M` (RAM of its own,
 # read from the snapshot on first access); the restored guest checksums every file again:
@@ -83,6 +84,12 @@ want_c=$(yes densevm-tiering-0123456789 | head -c 50331648 | sha256sum | cut -d'
 [ -n "$(guest_value "$log" R1)" ] || fail "the guest printed no checksum"
 # A booted VM under a budget hides KVM's async page faults (docs/tiering.md, "KVM").
 [ "$(guest_value "$log" APF)" = 0 ] || fail "the guest under a budget has the vector of async page faults (HYP: in /proc/interrupts)"
+# Under a budget the kernel and initrd are copied into guest RAM: the VMM maps neither file
+# (the guest's writes to a mapped image would be its memory outside the budget).
+for f in "$GUEST_VMLINUX" "$GUEST_INITRD"; do
+  ! grep -qF " $(readlink -f "$f")" "/proc/$vm/maps" || fail "the VMM under a budget maps $f: guest memory outside the budget"
+done
+echo "ok: no boot image mapped from its file under a budget"
 echo "workload: $(guest_value "$log" WORKLOAD-S) s; $samples samples, peak guest RAM resident $((peak_res / 1024)) MiB, peak VMM RSS $((peak_rss / 1024)) MiB"
 tr -d '\n' < "$W/t.json"; echo
 [ "$(n "$W/t.json" evicted_swap)" -gt 0 ] || fail "no page went to the swap file"

@@ -205,6 +205,22 @@ fn bad_device_options_are_refused_before_the_vm_starts() {
             vec!["--kernel", k, "--balloon", "free_page_reporting=maybe"],
             "give on or off",
         ),
+        (
+            vec![
+                "--kernel",
+                k,
+                "--boot-images",
+                "map",
+                "--memory-budget",
+                "64M",
+            ],
+            "drop --boot-images map",
+        ),
+        (vec!["--kernel", k, "--boot-images", "mmap"], "map, copy"),
+        (
+            vec!["--probe", "--boot-images", "copy"],
+            "add --kernel FILE",
+        ),
     ];
     for (args, needle) in cases {
         let (code, err) = run(&args);

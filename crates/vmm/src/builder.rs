@@ -4,7 +4,9 @@
 use crate::arch::cpuid::{vcpu_cpuid, CpuidOptions};
 use crate::balloon::{SharedRam, VmBalloon};
 use crate::boot::{linux, probe, EntryState};
-use crate::config::{place_external_regions, Payload, VmConfig, HIGH_RAM_START, LOW_RAM_END};
+use crate::config::{
+    place_external_regions, BootImages, Payload, VmConfig, HIGH_RAM_START, LOW_RAM_END,
+};
 use crate::device_manager::DeviceManager;
 use crate::memory::{back_ram_with_file, GuestMemory};
 use crate::snapshot::ram::{create_ram_file, RamFile};
@@ -115,9 +117,20 @@ pub fn build(config: VmConfig) -> Result<Vmm, VmmError> {
     let low_end = config.memory_bytes.min(LOW_RAM_END);
     let high = config.memory_bytes - low_end;
     let mut linux_plan = match &config.payload {
-        Payload::Linux { kernel, initrd, .. } => Some(linux::plan(
+        Payload::Linux {
+            kernel,
+            initrd,
+            images,
+            ..
+        } => Some(linux::plan(
             kernel,
             initrd.as_deref(),
+            // A budget covers guest RAM: whatever of the guest lay outside it would escape.
+            if config.memory_budget.is_some() {
+                BootImages::Copied
+            } else {
+                *images
+            },
             low_end,
             high,
             HIGH_RAM_START,

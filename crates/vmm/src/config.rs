@@ -24,7 +24,25 @@ pub enum Payload {
         initrd: Option<std::path::PathBuf>,
         /// Kernel command line.
         cmdline: String,
+        /// Whether the kernel and initrd are mapped from their files or copied into RAM
+        /// (always copied under a memory budget).
+        images: BootImages,
     },
+}
+
+/// Where a Linux guest's kernel and initrd live (`--boot-images`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BootImages {
+    /// Mapped `MAP_PRIVATE` from their files, cut out of RAM: every VM booted from the same
+    /// files shares the pages its guest never writes (the host's page cache); the pages it
+    /// writes — boot-time patches, and the initrd's memory once the guest has unpacked and
+    /// freed it — become private copies outside the guest's RAM file.
+    #[default]
+    Mapped,
+    /// Copied into guest RAM: all guest memory is in RAM's file, so a memory budget covers
+    /// it all (the tier pages out cold kernel and initrd pages like any others); each VM
+    /// holds its own copy of the pages its guest keeps.
+    Copied,
 }
 
 /// A guest-physical region whose host memory another component maps and serves

@@ -20,7 +20,7 @@ pub mod vmm;
 pub mod vstate;
 pub mod write_fault;
 
-pub use config::{place_external_regions, ExternalRegion, Payload, VmConfig};
+pub use config::{place_external_regions, BootImages, ExternalRegion, Payload, VmConfig};
 pub use control::{ControlError, RunState, SnapshotInfo, Template, TemplateHook, VmmHandle};
 pub use memory::MergePolicy;
 pub use snapshot::restore::{build_restored, Reopened, RestoreSource};

@@ -5,7 +5,7 @@ use crate::output::print_json;
 use anyhow::{bail, Context};
 use clap::Args;
 use densevm_vmm::report::MemoryReport;
-use densevm_vmm::{MergePolicy, Payload, RunOutcome, VmConfig, Vmm};
+use densevm_vmm::{BootImages, MergePolicy, Payload, RunOutcome, VmConfig, Vmm};
 use serde_json::{json, Map, Value};
 use std::time::{Duration, Instant};
 
@@ -67,6 +67,12 @@ pub struct RunArgs {
     /// (`echo 1 > /sys/kernel/mm/ksm/run`).
     #[arg(long, value_enum, default_value_t = Merge::Boot)]
     pub merge: Merge,
+    /// Where a Linux guest's kernel and initrd live: `map` (mapped from their files, the
+    /// default: VMs booted from the same files share the pages their guests never write)
+    /// or `copy` (copied into guest RAM: all guest memory is in its RAM file). A
+    /// --memory-budget always copies them, so that the budget covers all guest memory.
+    #[arg(long, value_enum, value_name = "map|copy")]
+    pub boot_images: Option<Images>,
     /// A virtio-blk disk for a Linux guest (repeatable; /dev/vda, /dev/vdb, ...):
     /// PATH[,readonly][,format=raw|pcow]. Format: pcow for a `.pcow` name, raw otherwise.
     /// Raw disks are files or block devices; pcow images bring their snapshots and base chain.
@@ -166,6 +172,15 @@ impl RunArgs {
         )
         .with_vsock(self.vsock.as_ref())
     }
+}
+
+/// `--boot-images`: the command-line form of [`BootImages`].
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Images {
+    /// Mapped from their files.
+    Map,
+    /// Copied into guest RAM.
+    Copy,
 }
 
 /// `--merge`: the command-line form of [`MergePolicy`].
@@ -290,8 +305,12 @@ pub fn main(mut args: RunArgs) -> anyhow::Result<i32> {
         ))?;
     }
     crate::cmd::seccomp::setup(args.seccomp, args.seccomp_test_violation)?;
-    if args.kernel.is_none() && (args.initrd.is_some() || args.cmdline.is_some()) {
-        bail!("--initrd and --cmdline only apply to a Linux guest: add --kernel FILE");
+    if args.kernel.is_none()
+        && (args.initrd.is_some() || args.cmdline.is_some() || args.boot_images.is_some())
+    {
+        bail!(
+            "--initrd, --cmdline and --boot-images only apply to a Linux guest: add --kernel FILE"
+        );
     }
     if args.restore.is_some() {
         return restore_main(args, origin);
@@ -302,6 +321,13 @@ pub fn main(mut args: RunArgs) -> anyhow::Result<i32> {
             kernel: kernel.clone(),
             initrd: args.initrd.clone(),
             cmdline: args.cmdline.clone().unwrap_or_else(|| DEFAULT_CMDLINE.to_string()),
+            images: match (args.boot_images, &args.memory_budget) {
+                (Some(Images::Map), Some(_)) => bail!(
+                    "--memory-budget copies the kernel and initrd into guest RAM, so that the budget covers all guest memory: drop --boot-images map"
+                ),
+                (Some(Images::Map), None) | (None, None) => BootImages::Mapped,
+                (Some(Images::Copy), _) | (None, Some(_)) => BootImages::Copied,
+            },
         },
         _ => bail!("nothing to run: give --kernel FILE [--initrd FILE] for Linux, or --probe [SCRIPT] for the probe guest"),
     };

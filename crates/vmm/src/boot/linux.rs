@@ -1,10 +1,13 @@
 //! Booting Linux: a PVH ELF vmlinux whose PT_LOAD segments are mapped `MAP_PRIVATE`
 //! straight from the file (so every VM using the same file shares the pages it never
 //! writes), or a bzImage through the 64-bit boot protocol; an initrd mapped the same way;
-//! the e820 map, command line and ACPI tables.
+//! the e820 map, command line and ACPI tables. With [`BootImages::Copied`] (always under a
+//! memory budget) the kernel and initrd are copied into guest RAM instead, so that no guest
+//! memory lies outside it.
 
 use super::EntryState;
 use crate::arch::{acpi, gdt, paging, regs};
+use crate::config::BootImages;
 use crate::memory::{ram_with_windows, Backing, RegionSpec};
 use densevm_kernel::{parse_elf, read_bzimage_header};
 use kvm_bindings::{kvm_regs, kvm_sregs};
@@ -105,6 +108,8 @@ pub struct LinuxPlan {
     pub entry: KernelEntry,
     /// Initrd location and length.
     pub initrd: Option<(u64, u64)>,
+    /// The initrd file, mapped read-only until it is copied into RAM ([`BootImages::Copied`]).
+    initrd_view: Option<FileView>,
     /// bzImage setup header (0x1f1.. of the file), for the zero page.
     bz_setup: Option<Range<usize>>,
     /// RAM layout: (low RAM end, high RAM size).
@@ -179,14 +184,16 @@ fn file_window(name: String, gpa: u64, size: u64, file: &Arc<File>, offset: u64)
 }
 
 /// Plans the memory of a Linux guest with `low_end` bytes of RAM below the 32-bit hole
-/// and `high` bytes above 4 GiB.
+/// and `high` bytes above 4 GiB, its boot images mapped or copied as `images` says.
 pub fn plan(
     kernel: &Path,
     initrd: Option<&Path>,
+    images: BootImages,
     low_end: u64,
     high: u64,
     high_start: u64,
 ) -> Result<LinuxPlan, LinuxBootError> {
+    let mapped = images == BootImages::Mapped;
     let file = Arc::new(File::open(kernel).map_err(io("kernel", kernel))?);
     let len = file.metadata().map_err(io("kernel", kernel))?.len() as usize;
     let view = FileView::new(&file, len).map_err(io("kernel", kernel))?;
@@ -227,7 +234,7 @@ pub fn plan(
             let aligned = seg.offset % PAGE == seg.paddr % PAGE;
             let first = seg.paddr.next_multiple_of(PAGE);
             let last = file_end / PAGE * PAGE;
-            if aligned && last > first {
+            if mapped && aligned && last > first {
                 windows.push(file_window(
                     format!("kernel.{i}"),
                     first,
@@ -278,6 +285,7 @@ pub fn plan(
     };
 
     let mut initrd_at = None;
+    let mut initrd_view = None;
     if let Some(path) = initrd {
         let file = Arc::new(File::open(path).map_err(io("initrd", path))?);
         let size = file.metadata().map_err(io("initrd", path))?.len();
@@ -288,10 +296,10 @@ pub fn plan(
                 source: std::io::Error::new(std::io::ErrorKind::InvalidData, "file is empty"),
             });
         }
-        let mapped = size.next_multiple_of(PAGE);
+        let pages = size.next_multiple_of(PAGE);
         let top = low_end.min(INITRD_MAX_END);
         let gpa = top
-            .checked_sub(mapped)
+            .checked_sub(pages)
             .map(|g| g / (2 << 20) * (2 << 20))
             .filter(|g| *g >= kernel_end.next_multiple_of(PAGE));
         let gpa = gpa.ok_or_else(|| LinuxBootError::TooLarge {
@@ -301,8 +309,13 @@ pub fn plan(
                 size >> 10
             ),
         })?;
-        // Beyond EOF inside the last page the mapping reads as zeros, as an initrd must.
-        windows.push(file_window("initrd".into(), gpa, mapped, &file, 0));
+        if mapped {
+            // Beyond EOF inside the last page the mapping reads as zeros, as an initrd must.
+            windows.push(file_window("initrd".into(), gpa, pages, &file, 0));
+        } else {
+            // Copied over RAM, which is zeros past it.
+            initrd_view = Some(FileView::new(&file, size as usize).map_err(io("initrd", path))?);
+        }
         initrd_at = Some((gpa, size));
     }
     Ok(LinuxPlan {
@@ -311,6 +324,7 @@ pub fn plan(
         view,
         entry,
         initrd: initrd_at,
+        initrd_view,
         bz_setup,
         ram: (low_end, high),
     })
@@ -366,6 +380,9 @@ pub fn write_boot_data(
         if !range.is_empty() {
             mem.write_slice(&kernel[range.clone()], GuestAddress(*gpa))?;
         }
+    }
+    if let (Some(view), Some((gpa, _))) = (&plan.initrd_view, plan.initrd) {
+        mem.write_slice(view.bytes(), GuestAddress(gpa))?;
     }
     write_cmdline(mem, cmdline)?;
     for (addr, table) in acpi::build_tables(cpus) {
@@ -476,22 +493,106 @@ mod tests {
         assert!(map.iter().all(|e| e.0 + e.1 <= 5 << 30));
     }
 
+    /// A PVH ELF whose one PT_LOAD segment is two pages of `0xab` at 16 MiB.
+    fn pvh_elf() -> Vec<u8> {
+        let mut f = vec![0u8; 0x3000];
+        let mut put = |at: usize, v: &[u8]| f[at..at + v.len()].copy_from_slice(v);
+        put(0, b"\x7fELF\x02\x01\x01");
+        put(16, &[2, 0, 62, 0, 1, 0, 0, 0]); // ET_EXEC, x86_64, version 1
+        put(24, &0x100_0000u64.to_le_bytes()); // entry
+        put(32, &64u64.to_le_bytes()); // program headers
+        put(52, &[64, 0, 56, 0, 2, 0]); // their sizes and count
+                                        // PT_LOAD: offset, vaddr, paddr, filesz, memsz, align; PT_NOTE at 0x200, 24 bytes.
+        for (at, kind, fields) in [
+            (
+                64,
+                1u32,
+                [0x1000, 0x100_0000, 0x100_0000, 0x2000, 0x2000, 0x1000],
+            ),
+            (120, 4, [0x200, 0, 0, 24, 24, 4]),
+        ] {
+            put(at, &kind.to_le_bytes());
+            put(at + 4, &5u32.to_le_bytes());
+            for (i, v) in fields.iter().enumerate() {
+                put(at + 8 + 8 * i, &u64::to_le_bytes(*v));
+            }
+        }
+        // XEN_ELFNOTE_PHYS32_ENTRY: namesz 4, descsz 4, type 18, "Xen", the entry.
+        for (i, v) in [4u32, 4, 18, u32::from_le_bytes(*b"Xen\0"), 0x100_0000]
+            .iter()
+            .enumerate()
+        {
+            put(0x200 + 4 * i, &v.to_le_bytes());
+        }
+        f[0x1000..].fill(0xab);
+        f
+    }
+
+    #[test]
+    fn boot_images_are_mapped_or_copied_into_ram() {
+        let dir = std::env::temp_dir().join(format!("densevm-images-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (kernel, initrd) = (dir.join("vmlinux"), dir.join("initrd"));
+        std::fs::write(&kernel, pvh_elf()).unwrap();
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&initrd, &data).unwrap();
+        let low = 64 << 20;
+        let names = |p: &LinuxPlan| p.regions.iter().map(|r| r.name.clone()).collect::<Vec<_>>();
+
+        let mapped = plan(&kernel, Some(&initrd), BootImages::Mapped, low, 0, 4 << 30).unwrap();
+        assert_eq!(
+            names(&mapped),
+            ["ram", "kernel.0", "ram.1", "initrd", "ram.2"],
+            "mapped: the images are windows cut out of RAM"
+        );
+
+        let copied = plan(&kernel, Some(&initrd), BootImages::Copied, low, 0, 4 << 30).unwrap();
+        assert_eq!(names(&copied), ["ram"], "copied: RAM is whole");
+        let (gpa, len) = copied.initrd.unwrap();
+        assert_eq!(len, data.len() as u64);
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), low as usize)]).unwrap();
+        write_boot_data(&mem, &copied, "console=ttyS0", 1, 4 << 30).unwrap();
+        let mut back = vec![0u8; data.len() + 100];
+        mem.read_slice(&mut back, GuestAddress(gpa)).unwrap();
+        assert_eq!(&back[..data.len()], &data[..], "the initrd's bytes in RAM");
+        assert!(
+            back[data.len()..].iter().all(|&b| b == 0),
+            "zeros past its end"
+        );
+        let mut seg = vec![0u8; 0x2000];
+        mem.read_slice(&mut seg, GuestAddress(0x100_0000)).unwrap();
+        assert!(
+            seg.iter().all(|&b| b == 0xab),
+            "the kernel's whole segment in RAM"
+        );
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
     #[test]
     fn bad_kernels_are_rejected() {
         let dir = std::env::temp_dir().join(format!("densevm-linux-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let junk = dir.join("junk");
         std::fs::write(&junk, vec![0x55u8; 8192]).unwrap();
-        let err = plan(&junk, None, 256 << 20, 0, 4 << 30).err().unwrap();
+        let err = plan(&junk, None, BootImages::Mapped, 256 << 20, 0, 4 << 30)
+            .err()
+            .unwrap();
         assert!(err.to_string().contains("not a bootable kernel"), "{err}");
         let empty = dir.join("empty");
         std::fs::write(&empty, b"").unwrap();
-        assert!(plan(&empty, None, 256 << 20, 0, 4 << 30).is_err());
-        assert!(plan(&dir.join("missing"), None, 256 << 20, 0, 4 << 30)
-            .err()
-            .unwrap()
-            .to_string()
-            .contains("cannot read kernel"));
+        assert!(plan(&empty, None, BootImages::Mapped, 256 << 20, 0, 4 << 30).is_err());
+        assert!(plan(
+            &dir.join("missing"),
+            None,
+            BootImages::Mapped,
+            256 << 20,
+            0,
+            4 << 30
+        )
+        .err()
+        .unwrap()
+        .to_string()
+        .contains("cannot read kernel"));
         std::fs::remove_dir_all(&dir).ok();
     }
 }
