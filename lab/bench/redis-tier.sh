@@ -312,10 +312,13 @@ for mode in $MODES; do
       if ! is_kernel "$mode"; then
         densevm vm memory-tier --api-sock "$W/api.sock" --budget "$((limit_kib / 1024))M" > /dev/null || fail "PATCH budget"
       else
-        echo $(((limit_kib + other) * 1024)) > "$cg/memory.high" || fail "memory.high"
+        # The pool's cap first: the memory.high write reclaims before it returns, and a pool
+        # still uncapped then takes in all it reclaims (a cut from 1/1 straight to 1/3 put
+        # all guest RAM in a pool over the limit, and the VMM stalled: run 14b).
         if [ "$mode" = kernel-zswap ] && [ "$ZSWAP_FRAC" != max ]; then
           echo $((limit_kib * 1024 * ${ZSWAP_FRAC%/*} / ${ZSWAP_FRAC#*/})) > "$cg/memory.zswap.max" || fail "memory.zswap.max"
         fi
+        echo $(((limit_kib + other) * 1024)) > "$cg/memory.high" || fail "memory.high"
       fi
     fi
     if ! is_kernel "$mode"; then
