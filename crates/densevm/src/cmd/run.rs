@@ -321,12 +321,13 @@ pub fn main(mut args: RunArgs) -> anyhow::Result<i32> {
             kernel: kernel.clone(),
             initrd: args.initrd.clone(),
             cmdline: args.cmdline.clone().unwrap_or_else(|| DEFAULT_CMDLINE.to_string()),
-            images: match (args.boot_images, &args.memory_budget) {
-                (Some(Images::Map), Some(_)) => bail!(
+            // A budget copies them whatever this says (the VMM's builder decides).
+            images: match args.boot_images {
+                Some(Images::Map) if args.memory_budget.is_some() => bail!(
                     "--memory-budget copies the kernel and initrd into guest RAM, so that the budget covers all guest memory: drop --boot-images map"
                 ),
-                (Some(Images::Map), None) | (None, None) => BootImages::Mapped,
-                (Some(Images::Copy), _) | (None, Some(_)) => BootImages::Copied,
+                Some(Images::Copy) => BootImages::Copied,
+                Some(Images::Map) | None => BootImages::Mapped,
             },
         },
         _ => bail!("nothing to run: give --kernel FILE [--initrd FILE] for Linux, or --probe [SCRIPT] for the probe guest"),

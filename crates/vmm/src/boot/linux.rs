@@ -502,7 +502,8 @@ mod tests {
         put(24, &0x100_0000u64.to_le_bytes()); // entry
         put(32, &64u64.to_le_bytes()); // program headers
         put(52, &[64, 0, 56, 0, 2, 0]); // their sizes and count
-                                        // PT_LOAD: offset, vaddr, paddr, filesz, memsz, align; PT_NOTE at 0x200, 24 bytes.
+
+        // PT_LOAD: offset, vaddr, paddr, filesz, memsz, align; PT_NOTE at 0x200, 24 bytes.
         for (at, kind, fields) in [
             (
                 64,
