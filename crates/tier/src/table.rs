@@ -55,11 +55,12 @@ pub(crate) struct Table {
     /// Out of the file: the eviction number it left at; back in: the eviction number
     /// its protection lasts until. 0: none.
     stamp: Vec<u32>,
-    /// Near refaults, halved by each far one (at most [`MAX_REFAULTS`]).
+    /// Two counts of at most [`MAX_REFAULTS`] each: near refaults (the low 4 bits) and
+    /// touches while armed (the high 4 bits); a far refault halves both.
     refaults: Vec<u8>,
 }
 
-/// The most near refaults a page's count holds.
+/// The most near refaults (or touches while armed) a page's count holds.
 pub(crate) const MAX_REFAULTS: u8 = 15;
 
 impl Table {
@@ -225,15 +226,26 @@ impl Table {
         (left != 0).then(|| now.wrapping_sub(left))
     }
 
-    /// Counts a near refault of page `pg` (`near`) or halves its count; returns the count.
+    /// Counts a near refault of page `pg` (`near`), or halves its counts of near refaults
+    /// and of touches (a far one: it had gone cold); returns its count of near refaults.
     pub fn count_refault(&mut self, pg: usize, near: bool) -> u8 {
         let c = &mut self.refaults[pg];
-        *c = if near {
-            (*c + 1).min(MAX_REFAULTS)
+        let (refaults, touches) = (*c & 0x0f, *c >> 4);
+        let (refaults, touches) = if near {
+            ((refaults + 1).min(MAX_REFAULTS), touches)
         } else {
-            *c / 2
+            (refaults / 2, touches / 2)
         };
-        *c
+        *c = touches << 4 | refaults;
+        refaults
+    }
+
+    /// Counts a touch of page `pg` while it was armed; returns how many it has had.
+    pub fn count_touch(&mut self, pg: usize) -> u8 {
+        let c = &mut self.refaults[pg];
+        let touches = ((*c >> 4) + 1).min(MAX_REFAULTS);
+        *c = touches << 4 | (*c & 0x0f);
+        touches
     }
 
     /// Protects resident page `pg` until eviction number `until` (not 0).
@@ -428,6 +440,18 @@ mod tests {
             t.count_refault(2, true);
         }
         assert_eq!(t.count_refault(2, true), MAX_REFAULTS);
+        // Touches while armed count apart, and a far refault halves them too.
+        for _ in 0..20 {
+            t.count_touch(1);
+        }
+        assert_eq!(t.count_touch(1), MAX_REFAULTS);
+        assert_eq!(
+            t.count_refault(1, true),
+            2,
+            "near refaults are their own count"
+        );
+        assert_eq!(t.count_refault(1, false), 1);
+        assert_eq!(t.count_touch(1), MAX_REFAULTS / 2 + 1);
         assert!(!t.protected(3, 100));
         t.protect(3, 200);
         assert!(t.protected(3, 100) && t.protected(3, 199));
