@@ -647,10 +647,16 @@ fn note_refault(sh: &Shared, st: &mut State, pg: usize) {
     let cap = budget_pages(sh);
     let n = st.table.count_refault(pg, dist < cap);
     if dist < cap {
-        let len = (u64::from(n) * u64::from(cap) / 2).min(u64::from(MAX_PROTECTION)) as u32;
-        st.table
-            .protect(pg, nonzero(st.evictions.wrapping_add(len)));
+        protect_for(st, pg, u64::from(n) * u64::from(cap) / 2);
     }
+}
+
+/// Protects resident page `pg` for the next `evictions` evictions (at most
+/// [`MAX_PROTECTION`]).
+fn protect_for(st: &mut State, pg: usize, evictions: u64) {
+    let len = evictions.min(u64::from(MAX_PROTECTION)) as u32;
+    st.table
+        .protect(pg, nonzero(st.evictions.wrapping_add(len)));
 }
 
 /// Most doublings of the protection of a page touched while armed (see [`note_touch`]).
@@ -671,9 +677,7 @@ const TOUCH_DOUBLINGS: u8 = 5;
 fn note_touch(sh: &Shared, st: &mut State, pg: usize) {
     let n = st.table.count_touch(pg);
     let doublings = n.min(TOUCH_DOUBLINGS + 1) - 1;
-    let len = (u64::from(budget_pages(sh)) << doublings).min(u64::from(MAX_PROTECTION)) as u32;
-    st.table
-        .protect(pg, nonzero(st.evictions.wrapping_add(len)));
+    protect_for(st, pg, u64::from(budget_pages(sh)) << doublings);
 }
 
 /// How many pages the hand keeps armed at most: [`ARM_POOL`], or 1/64 of the budget.
