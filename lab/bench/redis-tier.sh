@@ -33,7 +33,8 @@
 # BENCH_REDIS_VLEN bytes into redis-server), then for each DRAM share of BENCH_REDIS_SHARES
 # (default 1/1 1/2 1/3 1/4): set the share, `kvzipf run` (YCSB-B, zipfian theta 0.99;
 # BENCH_REDIS_WARMUP s of warm-up, default 180: shorter, both modes are still bringing back
-# what the cut to the share sent out, docs/benchmarks.md "Run 11"; BENCH_REDIS_SECS s
+# what the cut to the share sent out, docs/benchmarks.md "Run 11"; BENCH_REDIS_WARMUP_FULL
+# for the 1/1 windows, default the same; BENCH_REDIS_SECS s
 # measured, default 30; every GET compared with what its key's last SET
 # wrote), then `kvzipf check` (every key). The share is of the working set WS: the guest RAM
 # the tier VM holds resident after the load (its GET /memory-tier). tier: budget = share x
@@ -45,6 +46,8 @@
 # kernel = memory.current + zram's mem_used_total - the other charge.
 # Each window's line also has, over its measured part, L1 KVM's counters and IPIs (kvm_*,
 # below) and, for the tier, its DRAM when the measured part began (dram_at_measure_kib).
+# The fault counts cover the whole window (warm-up included); those named m_* the measured
+# part alone.
 # Lines "REDISTIER ..." are the raw results; a table follows. Times are TCG-distorted: read
 # each mode against its own all-DRAM windows, and the modes against each other.
 . "$LAB_SRC/lib/test-lib.sh"
@@ -332,11 +335,18 @@ for mode in $MODES; do
     # When the measured part starts: KVM's counters, and the tier's DRAM (a cut budget's
     # excess leaves while the guest runs, where the kernel's memory.high write reclaims
     # before it returns: this shows whether it had left by then).
-    rm -f "$W/tw.json" "$W/kvm0"
+    # The warm-up: BENCH_REDIS_WARMUP_FULL for an all-DRAM window (nothing was cut there).
+    warm=$WARM
+    [ "$share" = 1/1 ] && warm=${BENCH_REDIS_WARMUP_FULL:-$WARM}
+    rm -f "$W/tw.json" "$W/kvm0" "$W/kw0"
     (
-      sleep "$WARM"
+      sleep "$warm"
       kvmstat > "$W/kvm0"
-      is_kernel "$mode" || densevm vm memory-tier --api-sock "$W/api.sock" --json > "$W/tw.json"
+      if is_kernel "$mode"; then
+        echo "$(cgstat_n pgmajfault) $(vmstat_n zswpin) $(vmstat_n pswpin)" > "$W/kw0"
+      else
+        densevm vm memory-tier --api-sock "$W/api.sock" --json > "$W/tw.json"
+      fi
     ) &
     # BENCH_REDIS_PERF=MODE@SHARE: profile the VMM (perf record -g, cpu-clock) through that
     # window's measured part, with the perf of build/lab/perf-root (LAB_EXTRA) — a
@@ -344,15 +354,15 @@ for mode in $MODES; do
     hold=
     if [ "$mode" = kernel-zswap ] && [ "$share" != 1/1 ] && [ "${BENCH_REDIS_HOLD:-1}" = 1 ]; then
       : > "$W/hold.log"
-      kernel_hold "$limit_kib" $((WARM + SECS)) &
+      kernel_hold "$limit_kib" $((warm + SECS)) &
       hold=$!
     fi
-    [ "${BENCH_REDIS_PERF:-}" = "$mode@$share" ] && perf_window "$WARM" "$SECS" &
-    case " ${BENCH_REDIS_TRACE:-} " in *" $mode@$share "*) trace_window "$WARM" "${BENCH_REDIS_TRACE_SECS:-2}" & ;; esac
+    [ "${BENCH_REDIS_PERF:-}" = "$mode@$share" ] && perf_window "$warm" "$SECS" &
+    case " ${BENCH_REDIS_TRACE:-} " in *" $mode@$share "*) trace_window "$warm" "${BENCH_REDIS_TRACE_SECS:-2}" & ;; esac
     # A window that takes four times its length has stalled (memory.high with zswap's pool
     # over the limit: L1's 6.1 kernel cannot write that pool back for one cgroup, so it
     # throttles the VMM): recorded as such, and the mode ends there.
-    if ! timeout $STALL_S $X kvzipf run "$KEYS" "$VLEN" "$WARM" "$SECS" "$seed" > "$W/run.out" 2>&1; then
+    if ! timeout $STALL_S $X kvzipf run "$KEYS" "$VLEN" "$warm" "$SECS" "$seed" > "$W/run.out" 2>&1; then
       is_kernel "$mode" && ! grep -q ops_per_s= "$W/run.out" || { cat "$W/run.out"; fail "$mode $share: kvzipf run"; }
     fi
     [ -n "$hold" ] && { kill "$hold" 2> /dev/null; wait "$hold" 2> /dev/null; echo "$mode $share: memory.high held the guest at $limit_kib KiB: $(tail -n 1 "$W/hold.log")"; }
@@ -367,6 +377,10 @@ for mode in $MODES; do
       warm_dram=-
       [ -s "$W/tw.json" ] && warm_dram=$(tier_dram "$W/tw.json")
       faults="missing=$(($(tier_n missing_faults) - m0)) from_compressed=$(($(tier_n faults_compressed) - z0)) from_swap=$(($(tier_n faults_swap) - w0)) minor=$(($(tier_n minor_faults) - n0)) svc_cpu_ms=$((($(tier_n service_cpu_us) - c0) / 1000)) swap_pages=$(tier_n swap_pages) resident_kib=$(tier_n resident_kib) compressed_kib=$(tier_n compressed_kib) compressed_pages=$(tier_n compressed_pages) dram_at_measure_kib=$warm_dram"
+      # The measured part alone (the counters at its start, above).
+      if [ -s "$W/tw.json" ]; then
+        faults="$faults m_missing=$(($(tier_n missing_faults) - $(json_number "$W/tw.json" missing_faults))) m_minor=$(($(tier_n minor_faults) - $(json_number "$W/tw.json" minor_faults))) m_from_swap=$(($(tier_n faults_swap) - $(json_number "$W/tw.json" faults_swap))) m_svc_cpu_ms=$((($(tier_n service_cpu_us) - $(json_number "$W/tw.json" service_cpu_us)) / 1000))"
+      fi
     elif [ "$mode" = kernel-zswap ]; then
       # Guest RAM's pages and zswap's pool (with BENCH_REDIS_HOLD=0, as in runs 7-13:
       # everything the cgroup holds less what it held besides guest RAM after the load).
@@ -374,6 +388,7 @@ for mode in $MODES; do
       dram=$(guest_kib)
       [ "${BENCH_REDIS_HOLD:-1}" = 1 ] || [ "$share" = 1/1 ] || dram=$((cur_kib - other))
       faults="majfaults=$(($(cgstat_n pgmajfault) - mf0)) zswpin=$(($(vmstat_n zswpin) - zi0)) swapins_disk=$(($(vmstat_n pswpin) - s0)) zswap_kib=$(($(cgstat_n zswap) / 1024)) zswapped_kib=$(($(cgstat_n zswapped) / 1024)) memory_current_kib=$cur_kib guest_ram_rss_kib=$(ram_kib)"
+      [ -s "$W/kw0" ] && faults="$faults $(awk -v mf="$(cgstat_n pgmajfault)" -v zi="$(vmstat_n zswpin)" -v si="$(vmstat_n pswpin)" '{ print "m_majfaults=" mf - $1, "m_zswpin=" zi - $2, "m_swapins_disk=" si - $3 }' "$W/kw0")"
     else
       # Everything the cgroup holds plus zram, less what it held besides guest RAM after the
       # load: the kernel may swap the VMM's other pages too (the guest's copy-on-write
