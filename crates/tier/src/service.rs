@@ -33,10 +33,10 @@ const ARM_POOL: usize = 4 * EVICT_BATCH;
 const DRAIN_POOL: usize = 32768;
 /// Idle wake-up period.
 const TICK: Duration = Duration::from_millis(100);
-/// How long the thread polls for the next fault after serving one (yielding between polls)
-/// before it sleeps: a sleeping thread's wake-up costs more than this (a scheduler round
-/// trip, an IPI and, in a VM, exits), and faults come in bursts.
-const SPIN: Duration = Duration::from_micros(30);
+/// Longest the thread sleeps while nothing happens: its wake-up period doubles from
+/// [`TICK`] with each quiet turn (no fault, nothing to evict or arm) up to this, so an
+/// idle VM's tier wakes about once in 3 s instead of ten times a second.
+const IDLE_TICK_MAX: Duration = Duration::from_millis(3200);
 /// Longest the service thread stands aside for a caller waiting for the state.
 const HANDOFF: Duration = Duration::from_millis(10);
 /// Largest sequential prefetch, in pages.
@@ -54,12 +54,14 @@ pub(crate) fn run(sh: Arc<Shared>) {
         swap_error: false,
         store_error: false,
     };
-    let (mut busy, mut served) = (false, false);
+    let mut busy = false;
+    let mut tick = TICK;
     while !sh.stop.load(Ordering::Relaxed) {
-        let spin = if served { SPIN } else { Duration::ZERO };
-        wait(&sh, if busy { Duration::ZERO } else { TICK }, spin);
+        // After a turn that did something, one more turn at once; then sleep.
+        let slept = !busy;
+        wait(&sh, if busy { Duration::ZERO } else { tick });
         let mut st = sh.state.lock().unwrap_or_else(|p| p.into_inner());
-        served = svc.serve_all(&sh, &mut st);
+        let served = svc.serve_all(&sh, &mut st);
         // The table's count of the file's pages, which the budget is kept by, against the
         // kernel's, once a tick (pages written behind the tier's back count from then on).
         if svc.last_check.elapsed() >= TICK {
@@ -67,12 +69,23 @@ pub(crate) fn run(sh: Arc<Shared>) {
             sh.check_in_file(&mut st);
         }
         let over = svc.evict_step(&sh, &mut st, EVICT_BATCH, true);
-        if !over {
-            svc.arm_ahead(&sh, &mut st);
-        }
+        let armed = if over { 0 } else { svc.arm_ahead(&sh, &mut st) };
+        // A turn after a sleep that found nothing to do.
+        let quiet = slept && !served && !over && armed == 0;
         if let Some(sw) = st.swap.as_mut() {
-            sw.flush();
+            // Gone quiet: the pages written since the last write-back leave host memory
+            // now rather than when the next 4 MiB are written.
+            if quiet {
+                sw.flush_now();
+            } else {
+                sw.flush();
+            }
         }
+        tick = if quiet {
+            (tick * 2).min(IDLE_TICK_MAX)
+        } else {
+            TICK
+        };
         drop(st);
         // A caller waiting for the state (see `Tier::lock`) takes it before this thread
         // takes it back; bounded, in case that caller is slow to get a CPU.
@@ -91,21 +104,8 @@ pub(crate) fn run(sh: Arc<Shared>) {
         .store(thread_cpu_ns(), Ordering::Relaxed);
 }
 
-/// Sleeps until a fault message or a wake-up arrives, or `timeout` passes; first polls
-/// without sleeping (yielding the CPU in between) for up to `spin`.
-fn wait(sh: &Shared, timeout: Duration, spin: Duration) {
-    if !spin.is_zero() && !timeout.is_zero() {
-        let until = Instant::now() + spin;
-        while Instant::now() < until {
-            if sh.fault_waiting() {
-                return;
-            }
-            // Yield rather than spin: the thread the last fault woke often waits for this
-            // CPU (as pmem's service thread measured, docs/architecture.md).
-            // SAFETY: sched_yield has no preconditions.
-            unsafe { libc::sched_yield() };
-        }
-    }
+/// Sleeps until a fault message or a wake-up arrives, or `timeout` passes.
+fn wait(sh: &Shared, timeout: Duration) {
     let mut fds = [
         libc::pollfd {
             fd: sh.uffd.raw_fd(),
@@ -381,24 +381,24 @@ impl Service {
     }
 
     /// Above 7/8 of the budget, arms pages ahead of need every tick, so that the first
-    /// pages to go under pressure are known cold.
-    fn arm_ahead(&mut self, sh: &Shared, st: &mut State) {
+    /// pages to go under pressure are known cold. Returns how many it armed.
+    fn arm_ahead(&mut self, sh: &Shared, st: &mut State) -> usize {
         let budget = sh.budget.load(Ordering::Relaxed);
         if self.last_arm.elapsed() < TICK || st.resident() <= budget / 8 * 7 {
-            return;
+            return 0;
         }
         // Areas that fit the budget whole never need a page to leave: arming them would
         // only cost minor faults (a VM whose budget is its RAM size).
         if sh.areas.iter().map(|a| a.len).sum::<u64>() <= budget {
-            return;
+            return 0;
         }
         let pool = arm_pool(budget);
         if st.table.armed_count() >= pool {
-            return;
+            return 0;
         }
         self.last_arm = Instant::now();
         let room = (pool - st.table.armed_count()).min(ARM_AHEAD);
-        self.arm_more(sh, st, room, false);
+        self.arm_more(sh, st, room, false)
     }
 
     /// Moves the hand on until it has armed `room` pages, arming each page it passes that

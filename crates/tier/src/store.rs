@@ -248,7 +248,16 @@ impl Swap {
     /// done: one large write-back costs a few device requests, where starting write-back
     /// after every step cost one (a VM exit on a virtio disk) per handful of pages.
     pub fn flush(&mut self) {
-        if self.unflushed < FLUSH_EVERY {
+        if self.unflushed >= FLUSH_EVERY {
+            self.flush_now();
+        }
+    }
+
+    /// Writes back whatever was written since the last flush and drops the file's page
+    /// cache, however little: for a tier gone quiet, whose last pages would otherwise stay
+    /// in host memory until the next 4 MiB were written.
+    pub fn flush_now(&mut self) {
+        if self.unflushed == 0 {
             return;
         }
         let fd = self.file.as_raw_fd();
@@ -457,22 +466,25 @@ mod tests {
         vec.iter().filter(|&&b| b & 1 != 0).count()
     }
 
+    /// A swap file on a disk file system, where O_DIRECT is available (and dropping the
+    /// page cache drops pages): the temporary directory, else the build directory.
+    fn direct_swap() -> Swap {
+        let exe = std::env::current_exe().unwrap();
+        let dirs = [std::env::temp_dir(), exe.parent().unwrap().to_path_buf()];
+        dirs.iter()
+            .map(|d| Swap::new(d).unwrap())
+            .find(Swap::is_direct)
+            .unwrap_or_else(|| {
+                panic!("{dirs:?} all refuse O_DIRECT: run the tests on a disk file system")
+            })
+    }
+
     /// Pages read back after write-back come from the disk without entering the page
     /// cache; pages written since the last flush are read from it; every read returns
     /// what was written.
     #[test]
     fn written_back_pages_are_read_around_the_page_cache() {
-        // A disk file system, where O_DIRECT is available: the temporary directory, else
-        // the build directory.
-        let exe = std::env::current_exe().unwrap();
-        let dirs = [std::env::temp_dir(), exe.parent().unwrap().to_path_buf()];
-        let mut s = dirs
-            .iter()
-            .map(|d| Swap::new(d).unwrap())
-            .find(Swap::is_direct)
-            .unwrap_or_else(|| {
-                panic!("{dirs:?} all refuse O_DIRECT: run the tests on a disk file system")
-            });
+        let mut s = direct_swap();
         let page = |i: u32| -> Vec<u8> {
             (0..PAGE as u32)
                 .map(|b| (i.wrapping_mul(31) ^ b) as u8)
@@ -505,6 +517,23 @@ mod tests {
         assert_eq!(s.write(&page(7777)).unwrap(), slots[0]);
         s.read(slots[0], &mut out).unwrap();
         assert!(out == page(7777));
+    }
+
+    /// Pages written short of a batch leave the page cache only with `flush_now`.
+    #[test]
+    fn flush_now_drops_a_partial_batch() {
+        let mut s = direct_swap();
+        for i in 0..512u32 {
+            s.write(&[i as u8; PAGE as usize]).unwrap();
+        }
+        s.flush();
+        assert_eq!(cached_pages(&s.file), 512, "flush acts only every 4 MiB");
+        s.flush_now();
+        let cached = cached_pages(&s.file);
+        assert!(cached <= 8, "flush_now left {cached} pages cached");
+        let mut out = vec![0u8; PAGE as usize];
+        s.read(300, &mut out).unwrap();
+        assert!(out.iter().all(|&v| v == 300u32 as u8));
     }
 
     #[test]

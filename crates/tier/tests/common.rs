@@ -5,6 +5,7 @@
 
 use std::fs::File;
 use std::os::fd::FromRawFd;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -21,21 +22,30 @@ pub struct Region {
 
 impl Region {
     pub fn new(size: u64, budget: u64) -> Region {
-        Region::try_with_base(size, budget, None)
-            .unwrap_or_else(|e| panic!("cannot start a tier (this test needs it): {e}"))
+        Region::start(size, budget, None, std::env::temp_dir())
     }
 
     /// A region whose data starts in `base` (read on first access).
     pub fn with_base(size: u64, budget: u64, base: Arc<File>) -> Region {
-        Region::try_with_base(size, budget, Some(base))
+        Region::start(size, budget, Some(base), std::env::temp_dir())
+    }
+
+    /// A region whose swap file is in `swap_dir`.
+    pub fn with_swap_dir(size: u64, budget: u64, swap_dir: PathBuf) -> Region {
+        Region::start(size, budget, None, swap_dir)
+    }
+
+    fn start(size: u64, budget: u64, base: Option<Arc<File>>, swap_dir: PathBuf) -> Region {
+        Region::try_start(size, budget, base, swap_dir)
             .unwrap_or_else(|e| panic!("cannot start a tier (this test needs it): {e}"))
     }
 
     /// A region, its data in `base` if given; the tier's error if it does not start.
-    pub fn try_with_base(
+    fn try_start(
         size: u64,
         budget: u64,
         base: Option<Arc<File>>,
+        swap_dir: PathBuf,
     ) -> Result<Region, densevm_tier::TierError> {
         // SAFETY: memfd_create with a NUL-terminated name; the descriptor is owned below.
         let fd = unsafe { libc::memfd_create(c"tier-test".as_ptr(), libc::MFD_CLOEXEC) };
@@ -66,7 +76,7 @@ impl Region {
             TierConfig {
                 budget,
                 compressed_max: None,
-                swap_dir: std::env::temp_dir(),
+                swap_dir,
                 base,
             },
         );
