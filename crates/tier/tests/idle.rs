@@ -108,14 +108,19 @@ fn an_idle_tier_sleeps_and_leaves_nothing_in_the_page_cache() {
         stats.swap_pages > 0,
         "no page went to the swap file: {stats:?}"
     );
-    // Quiet from here on: the thread's wake-ups stretch from 100 ms to 3.2 s (0.1, 0.2,
-    // 0.4, 0.8, 1.6 s, ...: the fifth comes 3.1 s after the last fault, the sixth 6.3 s).
-    std::thread::sleep(Duration::from_millis(1_700));
+    // Quiet from here on (once the last excess has left and the pool is armed): the
+    // thread's wake-ups stretch from 100 ms to 3.2 s, 0.1, 0.3, 0.7, 1.5, 3.1, 6.3 s after
+    // the first quiet turn. Even if that came 2 s late (a loaded host), 3 fall in the
+    // window below.
+    std::thread::sleep(Duration::from_millis(3_000));
     let before = sleeps("tier");
-    std::thread::sleep(Duration::from_millis(4_000));
+    std::thread::sleep(Duration::from_millis(6_400));
     let woke = sleeps("tier") - before;
-    // At 100 ms a tick it woke ~40 times in 4 s.
-    assert!(woke <= 4, "the idle tier's thread woke {woke} times in 4 s");
+    // At 100 ms a tick it woke ~64 times in 6.4 s.
+    assert!(
+        woke <= 5,
+        "the idle tier's thread woke {woke} times in 6.4 s"
+    );
     // (A handful may be pinned for a moment elsewhere, as in the store's own tests.)
     let cached = swap_cached_pages(&dir);
     assert!(
