@@ -352,6 +352,29 @@ impl Uffd {
         Ok(Some(msg))
     }
 
+    /// Reads the pending messages into `msgs`, as many as fit, in one system call; how
+    /// many (0 if none is queued). The kernel hands over what is queued at the time, so
+    /// fewer than `msgs.len()` means the queue was empty then: no second call is needed
+    /// to find that out.
+    pub fn read_msgs(&self, msgs: &mut [Msg]) -> io::Result<usize> {
+        // SAFETY: reading at most size_of_val(msgs) bytes into plain-data structs we own.
+        let n = unsafe {
+            libc::read(
+                self.fd.as_raw_fd(),
+                msgs.as_mut_ptr().cast(),
+                std::mem::size_of_val(msgs),
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            return match e.raw_os_error() {
+                Some(libc::EAGAIN) | Some(libc::EINTR) => Ok(0),
+                _ => Err(e),
+            };
+        }
+        Ok(n as usize / std::mem::size_of::<Msg>())
+    }
+
     /// The raw descriptor (for poll).
     pub fn raw_fd(&self) -> RawFd {
         self.fd.as_raw_fd()
@@ -377,6 +400,83 @@ mod tests {
         assert_eq!(UFFDIO_WRITEPROTECT, 0xc018_aa06);
         assert_eq!(UFFDIO_CONTINUE, 0xc020_aa07);
         assert_eq!(UFFDIO_WAKE, 0x8010_aa02);
+    }
+
+    /// The scheduler state of thread `tid` of this process (`/proc/self/task/TID/stat`).
+    fn thread_state(tid: i32) -> Option<char> {
+        let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).ok()?;
+        stat.rsplit_once(") ")?.1.chars().next()
+    }
+
+    #[test]
+    fn read_msgs_takes_every_queued_fault_in_one_call() {
+        use std::sync::atomic::{AtomicI32, Ordering};
+        use std::sync::Arc;
+        const N: usize = 3;
+        let uffd = Uffd::new(0).expect("userfaultfd (root or vm.unprivileged_userfaultfd=1)");
+        let len = N * 4096;
+        // SAFETY: a fresh anonymous private mapping, unmapped at the end of the test.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(base, libc::MAP_FAILED);
+        let start = base as u64;
+        uffd.register(start, len as u64, REGISTER_MISSING).unwrap();
+        assert_eq!(uffd.read_msgs(&mut [Msg::default(); 8]).unwrap(), 0);
+        let tids: Arc<Vec<AtomicI32>> = Arc::new((0..N).map(|_| AtomicI32::new(0)).collect());
+        let threads: Vec<_> = (0..N)
+            .map(|i| {
+                let tids = tids.clone();
+                std::thread::spawn(move || {
+                    // SAFETY: gettid has no arguments.
+                    tids[i].store(unsafe { libc::gettid() }, Ordering::SeqCst);
+                    let p = (start + i as u64 * 4096) as *const u8;
+                    // SAFETY: inside the mapping; blocks until the test resolves the fault.
+                    unsafe { std::ptr::read_volatile(p) }
+                })
+            })
+            .collect();
+        // Every thread is asleep in its fault: all three messages are queued.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while !tids.iter().all(|t| {
+            let tid = t.load(Ordering::SeqCst);
+            tid != 0 && thread_state(tid) == Some('S')
+        }) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "threads never faulted"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let mut msgs = [Msg::default(); 8];
+        let n = uffd.read_msgs(&mut msgs).unwrap();
+        assert_eq!(n, N, "one read took {n} of the {N} queued messages");
+        let mut pages: Vec<u64> = msgs[..n]
+            .iter()
+            .map(|m| (m.address - start) / 4096)
+            .collect();
+        pages.sort_unstable();
+        assert_eq!(pages, (0..N as u64).collect::<Vec<_>>());
+        assert!(msgs[..n].iter().all(|m| m.event == EVENT_PAGEFAULT));
+        // None is left after.
+        assert_eq!(uffd.read_msgs(&mut [Msg::default(); 8]).unwrap(), 0);
+        assert_eq!(
+            uffd.zeropage(start, len as u64, true).unwrap(),
+            Resolved::Filled(len as u64)
+        );
+        for t in threads {
+            assert_eq!(t.join().unwrap(), 0);
+        }
+        // SAFETY: the mapping made above; no thread uses it any more.
+        unsafe { libc::munmap(base, len) };
     }
 
     #[test]
