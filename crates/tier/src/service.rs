@@ -51,8 +51,9 @@ pub(crate) fn run(sh: Arc<Shared>) {
     let mut svc = Service {
         page: vec![0u8; PAGE as usize],
         buf: vec![0u8; EVICT_BATCH * PAGE as usize],
-        last_arm: Instant::now(),
-        last_check: Instant::now(),
+        now: coarse_now(),
+        last_arm: coarse_now(),
+        last_check: coarse_now(),
         swap_error: false,
         store_error: false,
     };
@@ -66,11 +67,12 @@ pub(crate) fn run(sh: Arc<Shared>) {
         let slept = !busy;
         wait(&sh, if busy { Duration::ZERO } else { tick });
         let mut st = sh.state.lock().unwrap_or_else(|p| p.into_inner());
+        svc.now = coarse_now();
         let served = svc.serve_all(&sh, &mut st);
         // The table's count of the file's pages, which the budget is kept by, against the
         // kernel's, once a tick (pages written behind the tier's back count from then on).
-        if svc.last_check.elapsed() >= TICK {
-            svc.last_check = Instant::now();
+        if svc.now.saturating_sub(svc.last_check) >= TICK {
+            svc.last_check = svc.now;
             sh.check_in_file(&mut st);
         }
         let over = svc.evict_step(&sh, &mut st, EVICT_BATCH, true);
@@ -136,6 +138,15 @@ fn thread_cpu_ns() -> u64 {
     clock_ns(libc::CLOCK_THREAD_CPUTIME_ID).unwrap_or(0)
 }
 
+/// The monotonic clock to a tick's precision (`CLOCK_MONOTONIC_COARSE`), enough for the
+/// service thread's 100 ms bookkeeping. Unlike `Instant::now()` it is always read from
+/// the vDSO: where the clock source cannot be read from user space (the nested lab's L1
+/// runs on the HPET), every fine reading is a system call, ~20 µs each under its TCG, and
+/// the thread took two a fault.
+fn coarse_now() -> Duration {
+    Duration::from_nanos(clock_ns(libc::CLOCK_MONOTONIC_COARSE).unwrap_or(0))
+}
+
 /// Clock `clock`'s reading in nanoseconds; `None` if it cannot be read (a thread's CPU
 /// clock once the thread has ended: EINVAL).
 pub(crate) fn clock_ns(clock: libc::clockid_t) -> Option<u64> {
@@ -159,9 +170,11 @@ fn fatal(what: &str, e: io::Error) -> ! {
 struct Service {
     page: Vec<u8>,
     buf: Vec<u8>,
-    last_arm: Instant,
+    /// The coarse clock at the start of this turn (see [`coarse_now`]).
+    now: Duration,
+    last_arm: Duration,
     /// When the table's page count was last checked against the file's.
-    last_check: Instant,
+    last_check: Duration,
     swap_error: bool,
     /// The compressed store failed an insert (warned once).
     store_error: bool,
@@ -396,7 +409,7 @@ impl Service {
     /// pages to go under pressure are known cold. Returns how many it armed.
     fn arm_ahead(&mut self, sh: &Shared, st: &mut State) -> usize {
         let budget = sh.budget.load(Ordering::Relaxed);
-        if self.last_arm.elapsed() < TICK || st.resident() <= budget / 8 * 7 {
+        if self.now.saturating_sub(self.last_arm) < TICK || st.resident() <= budget / 8 * 7 {
             return 0;
         }
         // Areas that fit the budget whole never need a page to leave: arming them would
@@ -408,7 +421,7 @@ impl Service {
         if st.table.armed_count() >= pool {
             return 0;
         }
-        self.last_arm = Instant::now();
+        self.last_arm = self.now;
         let room = (pool - st.table.armed_count()).min(ARM_AHEAD);
         self.arm_more(sh, st, room, false)
     }
