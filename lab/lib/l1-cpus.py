@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """l1-cpus.py MONITOR_SOCKET FULL_OUT: where L1's vCPUs are, asked of QEMU's HMP monitor.
 
-Writes the full `info registers -a` (three samples, 1 s apart) and each vCPU's `info lapic`
-to FULL_OUT and prints one line per vCPU and sample: RIP, RFLAGS with its IF bit spelled
-out, HLT; then one per vCPU: its local APIC's timer, ISR, IRR and priorities. lab/run calls it
-when L1 stalls or times out, before it stops QEMU, so that a CI log tells an L1 spinning
-with interrupts off from an idle one. Exits 0 even when the monitor does not answer.
+Writes the full `info registers -a` (three samples, 1 s apart) and each vCPU's
+`info lapic` to FULL_OUT and prints one line per vCPU and sample: RIP, RFLAGS with its IF
+bit spelled out, HLT; then one per vCPU: its local APIC's timer, ISR, IRR and priorities.
+lab/run calls it when L1 stalls or times out, before it stops QEMU, so that a CI log tells
+an L1 spinning with interrupts off from an idle one. Exits 0 even when the monitor does
+not answer.
 """
 import re
 import socket

@@ -48,12 +48,13 @@ const MAX_WINDOW: usize = 16;
 const DEMOTE_BATCH: usize = 2 * EVICT_BATCH;
 
 pub(crate) fn run(sh: Arc<Shared>) {
+    let now = coarse_now();
     let mut svc = Service {
         page: vec![0u8; PAGE as usize],
         buf: vec![0u8; EVICT_BATCH * PAGE as usize],
-        now: coarse_now(),
-        last_arm: coarse_now(),
-        last_check: coarse_now(),
+        now,
+        last_arm: now,
+        last_check: now,
         swap_error: false,
         store_error: false,
     };

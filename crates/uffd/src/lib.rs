@@ -333,23 +333,8 @@ impl Uffd {
 
     /// Reads one pending message, or `None` if none is queued.
     pub fn read_msg(&self) -> io::Result<Option<Msg>> {
-        let mut msg = Msg::default();
-        // SAFETY: reading at most size_of::<Msg>() bytes into a plain-data struct we own.
-        let n = unsafe {
-            libc::read(
-                self.fd.as_raw_fd(),
-                (&mut msg as *mut Msg).cast(),
-                std::mem::size_of::<Msg>(),
-            )
-        };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            return match e.raw_os_error() {
-                Some(libc::EAGAIN) | Some(libc::EINTR) => Ok(None),
-                _ => Err(e),
-            };
-        }
-        Ok(Some(msg))
+        let mut msg = [Msg::default()];
+        Ok((self.read_msgs(&mut msg)? == 1).then_some(msg[0]))
     }
 
     /// Reads the pending messages into `msgs`, as many as fit, in one system call; how
