@@ -30,7 +30,7 @@ lint: deps
 	$(CARGO) clippy --release --workspace --all-targets -- -D warnings
 
 test-unit: build
-	$(CARGO) test --release --workspace
+	$(CARGO) test --profile test-release --workspace
 
 test: lint test-unit $(TEST_TARGETS)
 	@echo "make test: all suites passed"
