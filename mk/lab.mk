@@ -42,6 +42,16 @@ lab: guest
 # bookworm-backports did not get L2 to its first console line. Earlier sightings: an L1
 # that stopped without a lockup report in virtio-devices' boot C (sessions 4, 5), and
 # session 10's L2 double fault at entry_SYSCALL_64 under L1's shadow paging (npt=0).
+# Session 25's CI saw two more ends at boot A's copy: both L1 vCPUs halted with interrupts
+# on while RCU said cpu 0's timer never fired, and an L1 that idled for 600 s with its
+# script silent, as if the script could no longer write to ttyS1 (L1's heartbeat now tells
+# that case, re-raises the port's interrupt once and ends the run after 90 s when that does
+# not help: lab/l1/init). Session 26 caught the first kind with the local APICs dumped: L1
+# vCPU 0 halted, IF=1, nothing in service, the timer (236) and call-function (251) vectors
+# pending in its IRR above its priority, and never taken, so QEMU no longer wakes that vCPU
+# or no longer lets it take interrupts (GIF, which the dump cannot show). Kicks between L1
+# CPUs while one runs L2 are what this test does most; with the VMM pinned to one L1 CPU
+# (L2_CPUS, lab/lib/test-lib.sh) virtio-devices passed 3 of 3 run alone.
 LAB_RETRIES ?= 2
 test-lab: guest test-kernel-real
 	@mkdir -p build/lab/tests; failed=""; for t in $(LAB_TESTS); do \

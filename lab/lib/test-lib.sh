@@ -240,6 +240,7 @@ qemu_device_args() {
 # the background: $L2_MEM of RAM (default 256M), 1 vCPU, the devices FLAG..., modules $L2_MODULES, and the guest
 # shell SCRIPT (text, sent gzipped). The guest console goes to LOG (QEMU's stderr to
 # LOG.err); densevm also writes its JSON memory report to LOG.json. Sets L2_PID.
+# L2_CPUS (a taskset list, e.g. 0) keeps every thread of the VMM on those L1 CPUs.
 l2_start() {
   _log=$1 _initrd=$2
   _b64=$(printf '%s\n' "$3" | gzip -9 | base64 | tr -d '\n')
@@ -248,9 +249,11 @@ l2_start() {
   [ ${#_cmd} -le 2040 ] || fail "guest script too long: the command line would be ${#_cmd} bytes (limit 2047)"
   : > "$_log"
   rm -f "$_log.json"
+  _pin=""
+  [ -n "${L2_CPUS:-}" ] && _pin="taskset -c $L2_CPUS"
   case "$L2_VMM" in
     densevm)
-      densevm run --kernel "$GUEST_VMLINUX" --initrd "$_initrd" --memory "${L2_MEM:-256M}" --report-json "$_log.json" \
+      $_pin densevm run --kernel "$GUEST_VMLINUX" --initrd "$_initrd" --memory "${L2_MEM:-256M}" --report-json "$_log.json" \
         --cmdline "$_cmd" "$@" > "$_log" 2>&1 &
       ;;
     qemu)
@@ -258,7 +261,7 @@ l2_start() {
       _mem=${L2_MEM:-256M}
       case " $* " in *" --pmem "*) _mem=$_mem,slots=2,maxmem=8G ;; esac
       # shellcheck disable=SC2086
-      qemu-system-x86_64 $L2_QEMU_ACCEL -m "$_mem" -nodefaults -no-user-config -display none \
+      $_pin qemu-system-x86_64 $L2_QEMU_ACCEL -m "$_mem" -nodefaults -no-user-config -display none \
         -no-reboot -serial "file:$_log" -kernel "$GUEST_VMLINUX" -initrd "$_initrd" -append "$_cmd" \
         $_qargs > "$_log.err" 2>&1 &
       ;;
