@@ -159,7 +159,7 @@ kill "$cpid" 2>/dev/null
 ask 'echo PARENT-$((40+4))' 'PARENT-44'
 
 densevm console --sock "$W/console.sock" --send='exit 0\n' > /dev/null || fail "exit"
-l2_wait "$W/vm.log" "balloon VM" 300
+l2_wait "$W/vm.log" "balloon VM" 480
 awk '/"balloon": \{/ { on = 1 } on { print } on && /^  \}/ { exit }' "$W/vm.log.json"
 echo "VMM overhead at the end (vmm_overhead): USS $(json_field "$W/vm.log.json" vmm_overhead uss_kib) KiB, anonymous $(json_field "$W/vm.log.json" vmm_overhead anon_kib) KiB"
 echo "PASS: statistics, free page reporting (-$(mib $((r1 - r2))) MiB), inflate to half of RAM and deflate"
