@@ -2,7 +2,7 @@
 # The memory-tiering benchmark (issue #13, process level): a zipfian key-value workload
 # all in DRAM, under densevm-tier at DRAM = 1/1..1/4 of the working set, and in a memory
 # cgroup limited to the same shares with the kernel's zswap in front of a swap file, all in
-# one run (crates/tier/benches/tier_zipf.rs). Needs root (userfaultfd, cgroup, swapon).
+# one run (crates/tier/benches/tier_zipf/). Needs root (userfaultfd, cgroup, swapon).
 #
 # Usage: scripts/bench-tier.sh [tier_zipf options, e.g. --size 256 --secs 15 --warmup 10]
 # Writes $BENCH_TIER_OUT (build/bench-tier)/raw.txt (TIERZIPF lines), results.txt (those

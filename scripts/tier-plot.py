@@ -5,7 +5,7 @@ set), one line per system, each point labelled with its configured share.
 
 usage: scripts/tier-plot.py RAW.txt [RAW2.txt ...] OUT.svg
 
-Each RAW file holds one run's "TIERZIPF key=value ..." lines (crates/tier/benches/tier_zipf.rs),
+Each RAW file holds one run's "TIERZIPF key=value ..." lines (crates/tier/benches/tier_zipf/),
 in the order run; with several runs, every point is drawn and the lines join the means.
 DRAM used: the tier's resident pages plus its compressed store; the kernel's resident region
 plus the zswap pool (cgroup v1 does not charge it to the cgroup). Standard library only."""
