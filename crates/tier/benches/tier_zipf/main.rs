@@ -34,16 +34,11 @@
 //! Each mode runs in a fresh child process (the kernel's modes join the cgroup first);
 //! the parent prints a Markdown table and `TIERZIPF key=value ...` lines.
 
-use std::collections::BTreeMap;
-use std::fs::File;
-use std::io::Write;
-use std::os::fd::FromRawFd;
-use std::process::{Command, Stdio};
-use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use densevm_tier::{Area, Tier, TierConfig, TierStats, PAGE};
+use densevm_tier::{Area, Tier, TierConfig, TierStats};
 
 mod report;
 mod store;
@@ -51,7 +46,7 @@ mod zipf;
 
 use report::parent;
 use store::{lz4_ratio, value, worker, Store};
-use zipf::{scramble, Rng, Zipf};
+use zipf::{scramble, Zipf};
 
 const MIB: u64 = 1 << 20;
 const SLOT: usize = 1024;

@@ -1,6 +1,10 @@
 //! The parent process: one child per mode, then the Markdown table and the raw lines.
 
-use super::*;
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use super::{die, num, Opts, MIB};
 
 pub(crate) fn parent(o: &Opts) {
     let exe = std::env::current_exe().unwrap_or_else(|e| die(&format!("current_exe: {e}")));

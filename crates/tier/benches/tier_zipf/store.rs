@@ -1,7 +1,16 @@
 //! The key-value store in shared memory, its values and checksums, and the workers that
 //! send it requests.
 
-use super::*;
+use std::fs::File;
+use std::os::fd::FromRawFd;
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use densevm_tier::PAGE;
+
+use super::zipf::{Rng, Zipf};
+use super::{die, SLOT, STRIPES, VALUE};
 
 pub(crate) struct Store {
     pub(crate) file: Arc<File>,
