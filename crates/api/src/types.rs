@@ -333,12 +333,16 @@ pub struct MemoryTierInfo {
     /// See `faults_compressed`.
     #[serde(default)]
     pub faults_base: u64,
+    /// Of `faults_swap`, the pages read by a reader thread beside the service thread (a VM
+    /// with more than one vCPU), so that several faults wait for the disk at once.
+    #[serde(default)]
+    pub swap_reads_behind: u64,
     /// Accesses to armed pages (the cold-page detector's samples).
     pub minor_faults: u64,
     /// Pages brought back ahead of access (sequential prefetch).
     pub prefetched: u64,
     /// Pages armed by the cold-page detector.
     pub armed: u64,
-    /// CPU time the tier's service thread used, microseconds.
+    /// CPU time the tier's service thread and its swap-file readers used, microseconds.
     pub service_cpu_us: u64,
 }

@@ -67,8 +67,18 @@ fn a_probe_writes_64_mib_under_a_16_mib_budget_and_sums_it_back() {
     let script = "fill-addr ram 8M 32M; write ram 40M 32M 0x5a; \
                   sum ram 8M 32M; sum ram 40M 32M; exit 0";
     let child = densevm()
-        .args(["run", "--memory", "96M", "--memory-budget", "16M", "--json"])
-        .args(["--timeout", "900", "--probe", script])
+        // Two vCPUs and a swap-file reader beside the tier's service thread (by default a
+        // VM gets readers from 4 vCPUs on).
+        .args(["run", "--memory", "96M", "--memory-budget", "16M,readers=1"])
+        .args([
+            "--cpus",
+            "2",
+            "--json",
+            "--timeout",
+            "900",
+            "--probe",
+            script,
+        ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -96,6 +106,10 @@ fn a_probe_writes_64_mib_under_a_16_mib_budget_and_sums_it_back() {
         "nothing was compressed: {tier}"
     );
     assert!(n("missing_faults") > 0, "no page came back: {tier}");
+    assert!(
+        n("swap_reads_behind") > 0,
+        "no swap-file read went to the reader: {tier}"
+    );
     assert!(n("resident_kib") <= (budget + MIB) >> 10, "{tier}");
     // The VMM's own memory (binary, heap, stacks) comes on top of guest RAM: measured at
     // the end of the same run. The tier's slack is 1/32 of the budget, at least 1 MiB.

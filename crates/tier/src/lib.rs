@@ -34,11 +34,13 @@
 //!
 //! This crate knows no KVM and no VMM types: it sees a file, host addresses and a budget.
 
+mod reader;
 mod service;
 mod slab;
 mod store;
 mod table;
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -82,6 +84,11 @@ pub struct TierConfig {
     /// empty (all holes) inside the areas, and every page with data in the base is read
     /// from it on first access. `None`: the RAM file holds the areas' data.
     pub base: Option<Arc<File>>,
+    /// Threads that read pages back from the swap file beside the service thread, so that
+    /// faults of several threads wait for the disk side by side (`reader.rs`); 0: the
+    /// service thread reads them itself. Worth it only where several threads fault at
+    /// once: a reader costs a thread switch per read.
+    pub swap_readers: usize,
 }
 
 /// What went wrong starting a tier.
@@ -151,13 +158,15 @@ pub struct TierStats {
     pub faults_swap: u64,
     /// See [`TierStats::faults_compressed`].
     pub faults_base: u64,
+    /// Of [`TierStats::faults_swap`], the pages a reader thread read and installed.
+    pub swap_reads_behind: u64,
     /// Minor faults served (an armed page touched).
     pub minor_faults: u64,
     /// Pages brought back ahead of an access (sequential prefetch).
     pub prefetched: u64,
     /// Pages armed by the clock hand.
     pub armed: u64,
-    /// CPU time of the service thread, in nanoseconds.
+    /// CPU time of the service thread and its swap-file readers, in nanoseconds.
     pub service_cpu_ns: u64,
 }
 
@@ -172,6 +181,7 @@ pub(crate) struct Counters {
     faults_compressed: AtomicU64,
     faults_swap: AtomicU64,
     faults_base: AtomicU64,
+    swap_reads_behind: AtomicU64,
     minor_faults: AtomicU64,
     prefetched: AtomicU64,
     armed: AtomicU64,
@@ -200,6 +210,9 @@ pub(crate) struct Shared {
     /// takes it again the moment it lets go while pages leave, steps aside for them.
     waiters: AtomicUsize,
     counters: Counters,
+    /// Reader threads, and the swap-file reads waiting for one.
+    readers: usize,
+    jobs: reader::Queue,
 }
 
 /// Mutable state, under the lock the service thread takes for each step.
@@ -219,6 +232,9 @@ pub(crate) struct State {
     /// The last missing fault's page and the prefetch window it earned.
     last_missing: usize,
     window: usize,
+    /// Pages a reader is reading back, with their job's number, and the next number.
+    inflight: HashMap<usize, u64>,
+    next_job: u64,
 }
 
 impl State {
@@ -278,6 +294,20 @@ impl Shared {
         };
         // SAFETY: a non-blocking poll of one pollfd we own.
         unsafe { libc::poll(&mut fd, 1, 0) > 0 }
+    }
+
+    /// The state, taken ahead of the service thread: announced in `waiters`, so a thread
+    /// moving a budget cut's excess out steps aside at its next run of pages (the lock is
+    /// not fair: it would otherwise take it back each time, and a scrape of the counters,
+    /// a balloon's release or a snapshot would wait for the whole excess).
+    fn lock_ahead(&self) -> MutexGuard<'_, State> {
+        self.waiters.fetch_add(1, Ordering::SeqCst);
+        let st = self
+            .state
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner());
+        self.waiters.fetch_sub(1, Ordering::SeqCst);
+        st
     }
 
     fn wake_service(&self) {
@@ -347,8 +377,11 @@ impl Shared {
         }
     }
 
-    /// Forgets page `pg`'s tiered data.
+    /// Forgets page `pg`'s tiered data (and cancels a reader's job for it).
     fn forget(&self, st: &mut State, pg: usize) {
+        if !st.inflight.is_empty() {
+            st.inflight.remove(&pg);
+        }
         match st.table.get(pg) {
             Location::File => {}
             Location::Compressed(s) => st.compressed.remove(s),
@@ -367,6 +400,7 @@ impl Shared {
 pub struct Tier {
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
+    readers: Vec<JoinHandle<()>>,
 }
 
 impl Tier {
@@ -433,8 +467,12 @@ impl Tier {
                 untracked: 0,
                 last_missing: usize::MAX,
                 window: 1,
+                inflight: HashMap::new(),
+                next_job: 0,
             }),
             counters: Counters::default(),
+            readers: config.swap_readers,
+            jobs: reader::Queue::default(),
         });
         shared.count_in_file(&mut shared.state.lock().unwrap_or_else(|p| p.into_inner()))?;
         let s = shared.clone();
@@ -444,10 +482,24 @@ impl Tier {
                 densevm_seccomp::enter(densevm_seccomp::ThreadKind::Tier);
                 service::run(s)
             })?;
-        Ok(Tier {
+        let mut tier = Tier {
             shared,
             thread: Some(thread),
-        })
+            readers: Vec::new(),
+        };
+        for i in 0..config.swap_readers {
+            let s = tier.shared.clone();
+            let reader = std::thread::Builder::new()
+                .name(format!("tier-read{i}"))
+                // A page buffer of its own on the heap; little else.
+                .stack_size(64 << 10)
+                .spawn(move || {
+                    densevm_seccomp::enter(densevm_seccomp::ThreadKind::Tier);
+                    reader::run(s)
+                })?;
+            tier.readers.push(reader);
+        }
+        Ok(tier)
     }
 
     /// The budget in bytes.
@@ -484,6 +536,7 @@ impl Tier {
             faults_compressed: get(&c.faults_compressed),
             faults_swap: get(&c.faults_swap),
             faults_base: get(&c.faults_base),
+            swap_reads_behind: get(&c.swap_reads_behind),
             minor_faults: get(&c.minor_faults),
             prefetched: get(&c.prefetched),
             armed: get(&c.armed),
@@ -493,35 +546,20 @@ impl Tier {
         }
     }
 
-    /// The service thread's CPU time, read from its CPU clock while it runs (the thread
-    /// itself does not read it: `CLOCK_THREAD_CPUTIME_ID` is a system call on every turn
-    /// of its loop, which under the nested lab's TCG costs microseconds each).
+    /// The CPU time of the service thread and its readers, read from their CPU clocks while
+    /// they run (the threads do not read them: `CLOCK_THREAD_CPUTIME_ID` is a system call
+    /// on every turn of a loop, which under the nested lab's TCG costs microseconds each).
     fn service_cpu_ns(&self) -> Option<u64> {
-        use std::os::unix::thread::JoinHandleExt;
-        let thread = self.thread.as_ref()?;
-        let mut clock: libc::clockid_t = 0;
-        // SAFETY: the handle is not joined yet (`stop` takes it), so its pthread_t is valid;
-        // the call writes one clockid_t we own.
-        if unsafe { libc::pthread_getcpuclockid(thread.as_pthread_t(), &mut clock) } != 0 {
-            return None;
+        let mut ns = thread_cpu_ns(self.thread.as_ref()?)?;
+        for r in &self.readers {
+            ns += thread_cpu_ns(r)?;
         }
-        // A thread that has ended has no clock: its own last reading is used instead.
-        service::clock_ns(clock)
+        Some(ns)
     }
 
-    /// The state, taken ahead of the service thread: announced in `waiters`, so a thread
-    /// moving a budget cut's excess out steps aside at its next run of pages (the lock is
-    /// not fair: it would otherwise take it back each time, and a scrape of the counters,
-    /// a balloon's release or a snapshot would wait for the whole excess).
+    /// The state, taken ahead of the service thread ([`Shared::lock_ahead`]).
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.shared.waiters.fetch_add(1, Ordering::SeqCst);
-        let st = self
-            .shared
-            .state
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner());
-        self.shared.waiters.fetch_sub(1, Ordering::SeqCst);
-        st
+        self.shared.lock_ahead()
     }
 
     /// Gives `[offset, offset + len)` of the file back to the host (a balloon or a free
@@ -572,6 +610,12 @@ impl Tier {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+        // The readers finish the jobs queued (each only installs a page or wakes its
+        // waiters) and end.
+        self.shared.jobs.wake_all();
+        for r in self.readers.drain(..) {
+            let _ = r.join();
+        }
         for a in &self.shared.areas {
             let _ = self.shared.uffd.unregister(a.host_addr, a.len);
         }
@@ -584,6 +628,19 @@ impl Drop for Tier {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// A running thread's CPU time; `None` once it has ended (it has no clock then: the
+/// threads add their own last reading to the counters as they end).
+fn thread_cpu_ns(thread: &JoinHandle<()>) -> Option<u64> {
+    use std::os::unix::thread::JoinHandleExt;
+    let mut clock: libc::clockid_t = 0;
+    // SAFETY: the handle is not joined yet (`stop` takes them all), so its pthread_t is
+    // valid; the call writes one clockid_t we own.
+    if unsafe { libc::pthread_getcpuclockid(thread.as_pthread_t(), &mut clock) } != 0 {
+        return None;
+    }
+    service::clock_ns(clock)
 }
 
 /// A tier held still: no page moves until this is dropped.

@@ -14,7 +14,7 @@ use densevm_uffd::{Msg, Resolved, EVENT_PAGEFAULT, FLAG_MINOR};
 
 use crate::store::{Compressed, Swap};
 use crate::table::Location;
-use crate::{punch, Counters, Shared, State, PAGE};
+use crate::{punch, reader, Counters, Shared, State, PAGE};
 
 /// Pages moved out per step (the lock is held for one step; faults wait that long).
 const EVICT_BATCH: usize = 128;
@@ -88,6 +88,9 @@ pub(crate) fn run(sh: Arc<Shared>) {
             } else {
                 sw.flush();
             }
+            if sh.readers > 0 {
+                sw.prefer_direct();
+            }
         }
         tick = if quiet {
             (tick * 2).min(IDLE_TICK_MAX)
@@ -107,9 +110,7 @@ pub(crate) fn run(sh: Arc<Shared>) {
     }
     // Callers read the running thread's CPU clock (`Tier::stats`); this is what they read
     // once it has ended.
-    sh.counters
-        .service_cpu_ns
-        .store(thread_cpu_ns(), Ordering::Relaxed);
+    Counters::add(&sh.counters.service_cpu_ns, thread_cpu_ns());
 }
 
 /// Sleeps until a fault message or a wake-up arrives, or `timeout` passes.
@@ -135,7 +136,7 @@ fn wait(sh: &Shared, timeout: Duration) {
     }
 }
 
-fn thread_cpu_ns() -> u64 {
+pub(crate) fn thread_cpu_ns() -> u64 {
     clock_ns(libc::CLOCK_THREAD_CPUTIME_ID).unwrap_or(0)
 }
 
@@ -162,7 +163,7 @@ pub(crate) fn clock_ns(clock: libc::clockid_t) -> Option<u64> {
 
 /// A fault the tier cannot serve leaves a guest thread blocked on memory whose data is
 /// gone: nothing can continue correctly, so the process ends with the reason.
-fn fatal(what: &str, e: io::Error) -> ! {
+pub(crate) fn fatal(what: &str, e: io::Error) -> ! {
     tracing::error!("memory tier: {what}: {e}; the VM's memory cannot be served, aborting");
     eprintln!("densevm: memory tier: {what}: {e}; the VM's memory cannot be served, aborting");
     std::process::abort();
@@ -243,6 +244,10 @@ impl Service {
     /// Brings page `pg` (at `addr`) into the file: zeros for a hole, its data from the
     /// tier otherwise; on a sequential run, its following pages too.
     fn serve_missing(&mut self, sh: &Shared, st: &mut State, pg: usize, addr: u64) {
+        // A reader is bringing it back: its copy wakes this fault's thread too.
+        if st.inflight.contains_key(&pg) {
+            return;
+        }
         Counters::add(&sh.counters.missing_faults, 1);
         st.window = if pg == st.last_missing.wrapping_add(1) {
             (st.window * 2).min(MAX_WINDOW)
@@ -288,6 +293,12 @@ impl Service {
             _ => &sh.counters.faults_base,
         };
         Counters::add(source, 1);
+        if let (Location::Swap(slot), 1, 1..) = (at, n, sh.readers) {
+            if let Some(file) = st.swap.as_ref().and_then(|sw| sw.reader_file(slot)) {
+                reader::send(sh, st, pg, addr, slot, file);
+                return;
+            }
+        }
         for i in 0..n {
             let p = pg + i;
             let at = st.table.get(p);

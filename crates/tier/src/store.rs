@@ -10,6 +10,7 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
+use std::sync::Arc;
 
 use crate::slab::Slab;
 use crate::PAGE;
@@ -125,7 +126,8 @@ impl Compressed {
 /// fault). Pages written since the last flush are still in the page cache and are read
 /// from there.
 pub(crate) struct Swap {
-    file: File,
+    /// Shared with reader threads (`reader.rs`), which read slots handed to them.
+    file: Arc<File>,
     free: Vec<u32>,
     next: u32,
     /// Bytes written since the page cache was last dropped.
@@ -146,7 +148,7 @@ pub(crate) struct Swap {
 
 /// One page, aligned for direct I/O on any block device.
 #[repr(C, align(4096))]
-struct AlignedPage([u8; PAGE as usize]);
+pub(crate) struct AlignedPage(pub [u8; PAGE as usize]);
 
 /// Drop the file's page cache once this much was written.
 const FLUSH_EVERY: u64 = 4 << 20;
@@ -181,7 +183,7 @@ impl Swap {
             return Err(io::Error::last_os_error());
         }
         let mut swap = Swap {
-            file,
+            file: Arc::new(file),
             free: Vec::new(),
             next: 0,
             unflushed: 0,
@@ -286,6 +288,22 @@ impl Swap {
         self.file.read_exact_at(&mut bounce.0, at)?;
         out.copy_from_slice(&bounce.0);
         Ok(())
+    }
+
+    /// The file, for a reader thread to read `slot` from, if that read may bypass the page
+    /// cache (the slot was written back and the file system has direct I/O); `None`: read
+    /// it here, from the page cache.
+    pub fn reader_file(&self, slot: u32) -> Option<Arc<File>> {
+        (self.direct && !self.cached.contains(&slot)).then(|| self.file.clone())
+    }
+
+    /// Turns O_DIRECT back on after writes, so that readers' reads of written-back pages
+    /// bypass the page cache (a read while writes have it off lands in the page cache,
+    /// which the next flush drops).
+    pub fn prefer_direct(&self) {
+        if self.direct {
+            let _ = self.set_direct(true);
+        }
     }
 
     /// Whether reads of written-back pages bypass the page cache.

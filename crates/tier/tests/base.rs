@@ -8,10 +8,10 @@ mod common;
 use std::fs::File;
 use std::io::Write;
 use std::os::unix::fs::FileExt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use common::{check, fill, sampler, slack, Region, MIB};
+use common::{check, fill, sampled, slack, Region, MIB};
 use densevm_tier::PAGE;
 
 /// Pages of the base with data: two in three (every third page is a hole).
@@ -63,51 +63,44 @@ fn eight_threads_read_a_base_under_a_quarter_budget_and_the_base_stays_intact() 
         (0..size / PAGE).filter(|&p| in_base(p)).count() as u64
     );
     assert_eq!(s.resident, 0, "the RAM file starts empty: {s:?}");
-    let done = Arc::new(AtomicBool::new(false));
-    let peak = sampler(region.clone(), done.clone());
     let bad = Arc::new(AtomicU64::new(0));
-    let threads: Vec<_> = (0..8u64)
-        .map(|t| {
-            let (region, bad) = (region.clone(), bad.clone());
-            std::thread::spawn(move || {
-                let mine: Vec<u64> = (0..region.pages()).filter(|p| p % 8 == t).collect();
-                let base_ok = |pg: u64, page: &[u64]| {
-                    if in_base(pg) {
-                        check(page, pg, 0)
-                    } else {
-                        is_zero(page)
-                    }
-                };
-                // Every page reads as the base; then half of them get new data.
-                for &pg in &mine {
-                    if !base_ok(pg, region.page(pg)) {
-                        bad.fetch_add(1, Ordering::Relaxed);
-                    }
-                    if pg % 2 == 0 {
-                        fill(region.page(pg), pg, 1);
-                    }
-                }
-                // Read back after the budget pushed most of them out.
-                for &pg in &mine {
-                    let ok = if pg % 2 == 0 {
-                        check(region.page(pg), pg, 1)
-                    } else {
-                        base_ok(pg, region.page(pg))
+    let (s, peak) = sampled(&region, || {
+        (0..8u64)
+            .map(|t| {
+                let (region, bad) = (region.clone(), bad.clone());
+                std::thread::spawn(move || {
+                    let mine: Vec<u64> = (0..region.pages()).filter(|p| p % 8 == t).collect();
+                    let base_ok = |pg: u64, page: &[u64]| {
+                        if in_base(pg) {
+                            check(page, pg, 0)
+                        } else {
+                            is_zero(page)
+                        }
                     };
-                    if !ok {
-                        bad.fetch_add(1, Ordering::Relaxed);
+                    // Every page reads as the base; then half of them get new data.
+                    for &pg in &mine {
+                        if !base_ok(pg, region.page(pg)) {
+                            bad.fetch_add(1, Ordering::Relaxed);
+                        }
+                        if pg % 2 == 0 {
+                            fill(region.page(pg), pg, 1);
+                        }
                     }
-                }
+                    // Read back after the budget pushed most of them out.
+                    for &pg in &mine {
+                        let ok = if pg % 2 == 0 {
+                            check(region.page(pg), pg, 1)
+                        } else {
+                            base_ok(pg, region.page(pg))
+                        };
+                        if !ok {
+                            bad.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                })
             })
-        })
-        .collect();
-    for t in threads {
-        t.join().unwrap();
-    }
-    done.store(true, Ordering::Relaxed);
-    let peak = peak.join().unwrap();
-    let s = region.tier().stats();
-    eprintln!("stats: {s:?}, peak resident {} KiB", peak >> 10);
+            .collect()
+    });
     assert_eq!(bad.load(Ordering::Relaxed), 0, "pages read back wrong");
     assert!(s.missing_faults > 0 && s.evicted_compressed > 0, "{s:?}");
     // Pages only read (odd ones) left for nothing: they are in the base, unchanged.
@@ -200,6 +193,7 @@ fn a_ram_file_with_data_is_refused_over_a_base() {
             compressed_max: None,
             swap_dir: std::env::temp_dir(),
             base: Some(base),
+            swap_readers: 0,
         },
     )
     .err()

@@ -35,8 +35,16 @@ impl Region {
         Region::start(size, budget, None, swap_dir)
     }
 
+    /// A region whose swap-file reads go to `readers` threads; its swap file is in
+    /// /var/tmp, on disk (readers only take direct reads, which tmpfs before Linux 6.6
+    /// refuses).
+    pub fn with_readers(size: u64, budget: u64, readers: usize) -> Region {
+        Region::try_start(size, budget, None, "/var/tmp".into(), readers)
+            .unwrap_or_else(|e| panic!("cannot start a tier (this test needs it): {e}"))
+    }
+
     fn start(size: u64, budget: u64, base: Option<Arc<File>>, swap_dir: PathBuf) -> Region {
-        Region::try_start(size, budget, base, swap_dir)
+        Region::try_start(size, budget, base, swap_dir, 0)
             .unwrap_or_else(|e| panic!("cannot start a tier (this test needs it): {e}"))
     }
 
@@ -46,6 +54,7 @@ impl Region {
         budget: u64,
         base: Option<Arc<File>>,
         swap_dir: PathBuf,
+        swap_readers: usize,
     ) -> Result<Region, densevm_tier::TierError> {
         // SAFETY: memfd_create with a NUL-terminated name; the descriptor is owned below.
         let fd = unsafe { libc::memfd_create(c"tier-test".as_ptr(), libc::MFD_CLOEXEC) };
@@ -78,6 +87,7 @@ impl Region {
                 compressed_max: None,
                 swap_dir,
                 base,
+                swap_readers,
             },
         );
         let tier = match tier {
@@ -174,5 +184,137 @@ pub fn wait_within(region: &Region, budget: u64, what: &str) {
             region.tier().stats()
         );
         std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// An unlinked scratch file in the temporary directory.
+pub fn tempfile() -> File {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_TMPFILE)
+        .open(std::env::temp_dir())
+        .unwrap()
+}
+
+/// Runs the threads `spawn` starts to their end while sampling the region's resident
+/// bytes; returns the tier's counters then and the largest resident bytes seen.
+pub fn sampled(
+    region: &Arc<Region>,
+    spawn: impl FnOnce() -> Vec<std::thread::JoinHandle<()>>,
+) -> (densevm_tier::TierStats, u64) {
+    let done = Arc::new(AtomicBool::new(false));
+    let peak = sampler(region.clone(), done.clone());
+    for t in spawn() {
+        t.join().unwrap();
+    }
+    done.store(true, Ordering::Relaxed);
+    let peak = peak.join().unwrap();
+    let stats = region.tier().stats();
+    eprintln!("stats: {stats:?}, peak resident {} KiB", peak >> 10);
+    (stats, peak)
+}
+
+/// What [`eight_threads`] found: the tier's counters at the end, the largest resident
+/// bytes sampled meanwhile, and how many pages read back wrong.
+pub struct EightThreads {
+    pub stats: densevm_tier::TierStats,
+    pub peak: u64,
+    pub bad: u64,
+}
+
+impl EightThreads {
+    /// Asserts that no page read back wrong and resident RAM stayed within `budget` plus
+    /// the slack.
+    pub fn check_within(&self, budget: u64) {
+        assert_eq!(self.bad, 0, "pages read back wrong: {:?}", self.stats);
+        assert!(
+            self.peak <= budget + slack(budget),
+            "resident peaked at {} KiB over a {} KiB budget",
+            self.peak >> 10,
+            budget >> 10
+        );
+    }
+}
+
+/// Eight threads each take every eighth page of `region`, write it three times over (each
+/// round checking the last) and check the last round: the pages leave and come back in
+/// between. Checks a checksum over the whole region at the end.
+pub fn eight_threads(region: &Arc<Region>) -> EightThreads {
+    use std::sync::atomic::AtomicU64;
+    let bad = Arc::new(AtomicU64::new(0));
+    let (stats, peak) = sampled(region, || {
+        (0..8u64)
+            .map(|t| {
+                let (region, bad) = (region.clone(), bad.clone());
+                std::thread::spawn(move || {
+                    let mine: Vec<u64> = (0..region.pages()).filter(|p| p % 8 == t).collect();
+                    for round in 0..3 {
+                        for &pg in &mine {
+                            if round > 0 && !check(region.page(pg), pg, round - 1) {
+                                bad.fetch_add(1, Ordering::Relaxed);
+                            }
+                            fill(region.page(pg), pg, round);
+                        }
+                    }
+                    for &pg in &mine {
+                        if !check(region.page(pg), pg, 2) {
+                            bad.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                })
+            })
+            .collect()
+    });
+    // A checksum over the whole region, read by one thread at the end.
+    let sum: u64 = (0..region.pages())
+        .map(|pg| region.page(pg).iter().fold(0u64, |a, &w| a.wrapping_add(w)))
+        .fold(0, u64::wrapping_add);
+    let mut want = 0u64;
+    let mut page = vec![0u64; 512];
+    for pg in 0..region.pages() {
+        fill(&mut page, pg, 2);
+        want = page.iter().fold(want, |a, &w| a.wrapping_add(w));
+    }
+    assert_eq!(sum, want, "the region's checksum");
+    EightThreads {
+        stats,
+        peak,
+        bad: bad.load(Ordering::Relaxed),
+    }
+}
+
+/// What a snapshot does, into a scratch file: with the tier frozen, the file's data, then
+/// the tiered pages over its holes. Returns the copy and the tiered bytes written.
+pub fn snapshot_copy(region: &Region) -> (File, u64) {
+    use std::os::unix::fs::FileExt;
+    let out = tempfile();
+    let frozen = region.tier().freeze();
+    let mut buf = vec![0u8; PAGE as usize];
+    for pg in 0..region.pages() {
+        let n = region.file.read_at(&mut buf, pg * PAGE).unwrap();
+        assert_eq!(n, PAGE as usize);
+        if buf.iter().any(|&b| b != 0) {
+            out.write_all_at(&buf, pg * PAGE).unwrap();
+        }
+    }
+    let tiered = frozen.write_tiered(&out, 0, region.size).unwrap();
+    drop(frozen);
+    (out, tiered)
+}
+
+/// Asserts that every page of `file` (`pages` of them) holds what `fill` wrote for
+/// `round`; `what` names the file in the message.
+pub fn check_file(file: &File, pages: u64, round: u64, what: &str) {
+    use std::os::unix::fs::FileExt;
+    let mut words = vec![0u64; 512];
+    let mut buf = vec![0u8; PAGE as usize];
+    for pg in 0..pages {
+        file.read_exact_at(&mut buf, pg * PAGE).unwrap();
+        for (w, b) in words.iter_mut().zip(buf.chunks_exact(8)) {
+            *w = u64::from_ne_bytes(b.try_into().unwrap());
+        }
+        assert!(check(&words, pg, round), "{what}: page {pg} wrong");
     }
 }

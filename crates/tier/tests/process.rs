@@ -6,45 +6,18 @@ mod common;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use common::{check, fill, sampler, slack, wait_within, Region, MIB};
+use common::{
+    check, check_file, eight_threads, fill, sampler, slack, snapshot_copy, wait_within, Region, MIB,
+};
 use densevm_tier::PAGE;
 
 #[test]
 fn eight_threads_keep_their_data_with_a_quarter_budget() {
     let (size, budget) = (64 * MIB, 16 * MIB);
     let region = Arc::new(Region::new(size, budget));
-    let done = Arc::new(AtomicBool::new(false));
-    let peak = sampler(region.clone(), done.clone());
-    let bad = Arc::new(AtomicU64::new(0));
-    let threads: Vec<_> = (0..8u64)
-        .map(|t| {
-            let (region, bad) = (region.clone(), bad.clone());
-            std::thread::spawn(move || {
-                let mine: Vec<u64> = (0..region.pages()).filter(|p| p % 8 == t).collect();
-                for round in 0..3 {
-                    for &pg in &mine {
-                        if round > 0 && !check(region.page(pg), pg, round - 1) {
-                            bad.fetch_add(1, Ordering::Relaxed);
-                        }
-                        fill(region.page(pg), pg, round);
-                    }
-                }
-                for &pg in &mine {
-                    if !check(region.page(pg), pg, 2) {
-                        bad.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-            })
-        })
-        .collect();
-    for t in threads {
-        t.join().unwrap();
-    }
-    done.store(true, Ordering::Relaxed);
-    let peak = peak.join().unwrap();
-    let s = region.tier().stats();
-    eprintln!("stats: {s:?}, peak resident {} KiB", peak >> 10);
-    assert_eq!(bad.load(Ordering::Relaxed), 0, "pages read back wrong");
+    let run = eight_threads(&region);
+    run.check_within(budget);
+    let s = run.stats;
     assert!(s.evicted_compressed > 0 && s.evicted_swap > 0, "{s:?}");
     assert!(s.missing_faults > 0, "{s:?}");
     // Every page is read back after leaving: from both stores, never from a base.
@@ -54,23 +27,6 @@ fn eight_threads_keep_their_data_with_a_quarter_budget() {
         s.faults_compressed + s.faults_swap <= s.missing_faults,
         "{s:?}"
     );
-    assert!(
-        peak <= budget + slack(budget),
-        "resident peaked at {} KiB over a {} KiB budget",
-        peak >> 10,
-        budget >> 10
-    );
-    // A checksum over the whole region, read by one thread at the end.
-    let sum: u64 = (0..region.pages())
-        .map(|pg| region.page(pg).iter().fold(0u64, |a, &w| a.wrapping_add(w)))
-        .fold(0, u64::wrapping_add);
-    let mut want = 0u64;
-    let mut page = vec![0u64; 512];
-    for pg in 0..region.pages() {
-        fill(&mut page, pg, 2);
-        want = page.iter().fold(want, |a, &w| a.wrapping_add(w));
-    }
-    assert_eq!(sum, want);
 }
 
 #[test]
@@ -126,62 +82,26 @@ fn a_lower_budget_moves_pages_out_and_discard_reads_zeros() {
 
 #[test]
 fn a_frozen_tier_copies_all_data_and_dissolve_puts_it_back() {
-    use std::os::unix::fs::FileExt;
     let (size, budget) = (16 * MIB, 4 * MIB);
     let mut region = Region::new(size, budget);
     for pg in 0..region.pages() {
         fill(region.page(pg), pg, 5);
     }
-    let out = tempfile();
-    {
-        let frozen = region.tier().freeze();
-        // What a snapshot does: the file's data, then the tiered pages over its holes.
-        let mut buf = vec![0u8; PAGE as usize];
-        for pg in 0..region.pages() {
-            let n = region.file.read_at(&mut buf, pg * PAGE).unwrap();
-            assert_eq!(n, PAGE as usize);
-            if buf.iter().any(|&b| b != 0) {
-                out.write_all_at(&buf, pg * PAGE).unwrap();
-            }
-        }
-        let tiered = frozen.write_tiered(&out, 0, size).unwrap();
-        assert!(
-            tiered >= size - budget - slack(budget),
-            "only {tiered} bytes tiered"
-        );
-    }
-    let mut words = vec![0u64; 512];
-    let mut buf = vec![0u8; PAGE as usize];
-    for pg in 0..region.pages() {
-        out.read_exact_at(&mut buf, pg * PAGE).unwrap();
-        for (w, b) in words.iter_mut().zip(buf.chunks_exact(8)) {
-            *w = u64::from_ne_bytes(b.try_into().unwrap());
-        }
-        assert!(check(&words, pg, 5), "snapshot page {pg} wrong");
-    }
+    let (out, tiered) = snapshot_copy(&region);
+    assert!(
+        tiered >= size - budget - slack(budget),
+        "only {tiered} bytes tiered"
+    );
+    check_file(&out, region.pages(), 5, "snapshot");
     let moved = region.tier.take().unwrap().dissolve().unwrap();
     assert!(moved > 0);
+    check_file(&region.file, region.pages(), 5, "the file after dissolve");
     for pg in 0..region.pages() {
-        region.file.read_exact_at(&mut buf, pg * PAGE).unwrap();
-        for (w, b) in words.iter_mut().zip(buf.chunks_exact(8)) {
-            *w = u64::from_ne_bytes(b.try_into().unwrap());
-        }
-        assert!(check(&words, pg, 5), "file page {pg} wrong after dissolve");
         assert!(
             check(region.page(pg), pg, 5),
             "mapped page {pg} wrong after dissolve"
         );
     }
-}
-
-fn tempfile() -> std::fs::File {
-    use std::os::unix::fs::OpenOptionsExt;
-    std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(libc::O_TMPFILE)
-        .open(std::env::temp_dir())
-        .unwrap()
 }
 
 /// The tier tracks which pages the file holds by the faults it serves; pages written into

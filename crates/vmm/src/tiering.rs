@@ -30,6 +30,8 @@ pub struct TierSettings {
     pub compressed_max: Option<u64>,
     /// Where the swap file goes (created unlinked).
     pub swap_dir: PathBuf,
+    /// Swap-file reader threads (`readers=N`); `None`: by the vCPU count ([`swap_readers`]).
+    pub readers: Option<usize>,
     /// Offer KVM's async page faults to a booted guest (`async_pf=on`; default off, see
     /// [`crate::arch::cpuid::CpuidOptions`]). A restored guest keeps what it had.
     pub async_pf: bool,
@@ -50,12 +52,14 @@ pub fn check_budget(budget: u64) -> Result<(), String> {
 
 /// Starts tiering the RAM regions of `memory`, which live in `ram`'s file mapped shared.
 /// With a `base` (a restored VM's snapshot memory), the RAM file starts empty and each
-/// page is read from the base on its first access.
+/// page is read from the base on its first access. `vcpus`: the VM's vCPU count, which
+/// sets how many threads read pages back from the swap file ([`swap_readers`]).
 pub fn start(
     memory: &GuestMemory,
     ram: &mut RamFile,
     settings: &TierSettings,
     base: Option<Arc<File>>,
+    vcpus: usize,
 ) -> Result<(), VmmError> {
     check_budget(settings.budget).map_err(VmmError::Config)?;
     let file = match (&ram.file, ram.shared) {
@@ -84,12 +88,32 @@ pub fn start(
             compressed_max: settings.compressed_max,
             swap_dir: settings.swap_dir.clone(),
             base,
+            swap_readers: settings.readers.unwrap_or_else(|| swap_readers(vcpus)),
         },
     )
     .map_err(|e| VmmError::Config(format!("--memory-budget: {e}")))?;
     ram.tier = Some(tier);
     Ok(())
 }
+
+/// Swap-file reader threads for a VM with `vcpus` vCPUs unless `readers=N` says: 3 from 4
+/// vCPUs on, none below. Readers let faults wait for the disk side by side, which only
+/// several faulting threads can use, and each read they take costs a thread switch more:
+/// at process level (docs/benchmarks.md, "Swap-file readers") 8 faulting threads gained
+/// ~20 % with 3 readers, 4 broke even, and 2 threads with one reader lost 3-13 %.
+pub fn swap_readers(vcpus: usize) -> usize {
+    if vcpus >= 4 {
+        MAX_DEFAULT_READERS
+    } else {
+        0
+    }
+}
+
+/// Readers a VM gets by default from 4 vCPUs on.
+const MAX_DEFAULT_READERS: usize = 3;
+
+/// Most readers `readers=N` may ask for.
+pub const MAX_READERS: usize = 16;
 
 /// The API's hold on a VM's tier.
 #[derive(Clone)]
@@ -170,9 +194,10 @@ mod tests {
             budget: 16 * MIB,
             compressed_max: Some(MIB),
             swap_dir: std::env::temp_dir(),
+            readers: None,
             async_pf: false,
         };
-        start(&memory, &mut lock_ram(&ram), &settings, None).unwrap();
+        start(&memory, &mut lock_ram(&ram), &settings, None, 1).unwrap();
         let pages = size / PAGE as u64;
         for n in 0..pages {
             memory
@@ -243,9 +268,10 @@ mod tests {
             budget: 8 * MIB,
             compressed_max: None,
             swap_dir: std::env::temp_dir(),
+            readers: None,
             async_pf: false,
         };
-        let e = start(&memory, &mut ram, &settings, None)
+        let e = start(&memory, &mut ram, &settings, None, 1)
             .unwrap_err()
             .to_string();
         assert!(e.contains("--merge all"), "{e}");

@@ -9,7 +9,7 @@ use densevm_vmm::tiering::{TierHandle, TierSettings, TierStats};
 use std::path::PathBuf;
 
 const USAGE: &str =
-    "SIZE[,compressed=SIZE][,swap_dir=DIR][,async_pf=on|off], e.g. --memory-budget 256M";
+    "SIZE[,compressed=SIZE][,swap_dir=DIR][,readers=N][,async_pf=on|off], e.g. --memory-budget 256M";
 
 /// Parses `--memory-budget` ([`USAGE`]).
 pub fn parse_memory_budget(spec: &str) -> anyhow::Result<TierSettings> {
@@ -29,6 +29,7 @@ pub fn parse_memory_budget(spec: &str) -> anyhow::Result<TierSettings> {
         budget,
         compressed_max: None,
         swap_dir: std::env::temp_dir(),
+        readers: None,
         async_pf: false,
     };
     for o in parts {
@@ -40,6 +41,13 @@ pub fn parse_memory_budget(spec: &str) -> anyhow::Result<TierSettings> {
                     bail!("--memory-budget {spec}: swap_dir {v} is not a directory");
                 }
                 settings.swap_dir = dir;
+            }
+            Some(("readers", v)) => {
+                let max = densevm_vmm::tiering::MAX_READERS;
+                match v.parse::<usize>() {
+                    Ok(n) if n <= max => settings.readers = Some(n),
+                    _ => bail!("--memory-budget {spec}: readers is a number of threads from 0 to {max}, not {v:?}"),
+                }
             }
             Some(("async_pf", "on")) => settings.async_pf = true,
             Some(("async_pf", "off")) => settings.async_pf = false,
@@ -70,6 +78,7 @@ pub fn info(s: &TierStats) -> MemoryTierInfo {
         faults_compressed: s.faults_compressed,
         faults_swap: s.faults_swap,
         faults_base: s.faults_base,
+        swap_reads_behind: s.swap_reads_behind,
         minor_faults: s.minor_faults,
         prefetched: s.prefetched,
         armed: s.armed,
@@ -108,8 +117,11 @@ mod tests {
             (s.budget, s.compressed_max, s.async_pf),
             (64 << 20, None, false)
         );
-        let s = parse_memory_budget("1G,compressed=128M,swap_dir=/tmp,async_pf=on").unwrap();
+        assert_eq!(s.readers, None);
+        let s =
+            parse_memory_budget("1G,compressed=128M,swap_dir=/tmp,readers=2,async_pf=on").unwrap();
         assert!(s.async_pf);
+        assert_eq!(s.readers, Some(2));
         assert_eq!(s.budget, 1 << 30);
         assert_eq!(s.compressed_max, Some(128 << 20));
         assert_eq!(s.swap_dir, PathBuf::from("/tmp"));
@@ -121,6 +133,8 @@ mod tests {
             ("64M,zstd", "unknown option"),
             ("64M,compressed=x", "compressed"),
             ("64M,async_pf=yes", "on or off"),
+            ("64M,readers=17", "from 0 to 16"),
+            ("64M,readers=-1", "number of threads"),
         ] {
             let e = parse_memory_budget(bad).unwrap_err().to_string();
             assert!(e.contains(says), "{bad}: {e}");

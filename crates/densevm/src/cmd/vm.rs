@@ -259,7 +259,7 @@ pub fn main(args: VmArgs) -> anyhow::Result<i32> {
             let t = client.memory_tier()?;
             let human = format!(
                 "memory tier: budget {} MiB, resident {} MiB; compressed {} pages in {} KiB, swap file {} pages, {} pages only in the snapshot (a restore)
-left RAM: {} zero, {} clean (the snapshot has them), {} compressed, {} to swap ({} demoted); faults: {} missing ({} from the compressed store, {} from swap, {} from the snapshot), {} minor (cold-page samples), {} prefetched; service CPU {:.1} ms",
+left RAM: {} zero, {} clean (the snapshot has them), {} compressed, {} to swap ({} demoted); faults: {} missing ({} from the compressed store, {} from swap ({} by readers), {} from the snapshot), {} minor (cold-page samples), {} prefetched; service CPU {:.1} ms",
                 t.budget_mib,
                 t.resident_kib >> 10,
                 t.compressed_pages,
@@ -274,6 +274,7 @@ left RAM: {} zero, {} clean (the snapshot has them), {} compressed, {} to swap (
                 t.missing_faults,
                 t.faults_compressed,
                 t.faults_swap,
+                t.swap_reads_behind,
                 t.faults_base,
                 t.minor_faults,
                 t.prefetched,

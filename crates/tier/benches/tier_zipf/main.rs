@@ -69,6 +69,8 @@ struct Opts {
     compressed_frac: Option<f64>,
     budget: Option<u64>,
     op_us: f64,
+    /// Swap-file reader threads beside the service thread (`TierConfig::swap_readers`).
+    readers: usize,
     out: Option<String>,
     child: Option<String>,
 }
@@ -86,6 +88,7 @@ fn parse() -> Opts {
         compressed_frac: None,
         budget: None,
         op_us: 0.0,
+        readers: 0,
         out: None,
         child: None,
     };
@@ -108,6 +111,7 @@ fn parse() -> Opts {
             "--compressed-frac" => o.compressed_frac = Some(num(&val())),
             "--budget" => o.budget = Some(num(&val())),
             "--op-us" => o.op_us = num(&val()),
+            "--readers" => o.readers = num(&val()),
             "--out" => o.out = Some(val()),
             "--child" => o.child = Some(val()),
             _ => die(&format!("unknown argument {a}")),
@@ -168,6 +172,7 @@ fn child(o: &Opts, mode: &str) {
                 compressed_max: o.compressed_frac.map(|f| (budget as f64 * f) as u64),
                 swap_dir: o.swap_dir.clone().into(),
                 base: None,
+                swap_readers: o.readers,
             },
         )
         .unwrap_or_else(|e| die(&format!("cannot start the tier: {e}")))
@@ -263,7 +268,7 @@ fn child(o: &Opts, mode: &str) {
             " budget={} tier_resident={} tier_compressed_bytes={} tier_compressed_data={} \
              tier_compressed_pages={} \
              tier_swap_pages={} missing_faults={} faults_compressed={} faults_swap={} \
-             minor_faults={} prefetched={} armed={} \
+             swap_reads_behind={} minor_faults={} prefetched={} armed={} \
              evicted_zero={} evicted_compressed={} evicted_swap={} demoted={} \
              service_ns_per_op={:.1}",
             b.budget,
@@ -275,6 +280,7 @@ fn child(o: &Opts, mode: &str) {
             d(|s| s.missing_faults),
             d(|s| s.faults_compressed),
             d(|s| s.faults_swap),
+            d(|s| s.swap_reads_behind),
             d(|s| s.minor_faults),
             d(|s| s.prefetched),
             d(|s| s.armed),

@@ -76,6 +76,7 @@ pub(crate) fn parent(o: &Opts) {
             cmd.args(["--cgroup", cg]);
         }
         cmd.args(["--op-us", &o.op_us.to_string()]);
+        cmd.args(["--readers", &o.readers.to_string()]);
         if let Some(b) = budget {
             cmd.args(["--budget", &b.to_string()]);
         }

@@ -181,7 +181,13 @@ pub fn build_restored(
         Some((own, settings)) => {
             // The tier serves RAM from here on, before anything reads or writes it.
             let mut ram_file = RamFile::new(Some(own), true);
-            crate::tiering::start(&memory, &mut ram_file, settings, Some(file.clone()))?;
+            crate::tiering::start(
+                &memory,
+                &mut ram_file,
+                settings,
+                Some(file.clone()),
+                state.vcpus.len(),
+            )?;
             trace.mark("tier_started");
             ram_file
         }
