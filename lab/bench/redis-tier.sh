@@ -80,8 +80,7 @@ tmpfs_workdir "$W"
 # RAM, where a swap file would be DRAM the budget does not count, read at memory speed.
 SWAPDIR=$W
 if [ -b /dev/vda ]; then
-  mke2fs -F /dev/vda > /dev/null 2>&1 || fail "mke2fs /dev/vda"
-  mkdir -p /mnt/tier && mount -t ext4 /dev/vda /mnt/tier || fail "mount /dev/vda (ext4 module?)"
+  scratch_disk /mnt/tier
   SWAPDIR=/mnt/tier
 else
   echo "# redis-tier: no scratch disk (/dev/vda): the tier's swap file is in L1's RAM"

@@ -92,6 +92,15 @@ tmpfs_workdir() {
   cd "$1" || fail "cd $1"
 }
 
+# scratch_disk DIR: formats the scratch disk the script asked for (a "# lab-disk: SIZE" line,
+# lab/run: virtio-blk over a sparse file on the host) and mounts it on DIR. L1's own files
+# live in RAM, where a tier's swap file would be DRAM no budget counts, read at memory speed.
+scratch_disk() {
+  [ -b /dev/vda ] || fail "no scratch disk /dev/vda: the script needs a '# lab-disk: SIZE' line (lab/run)"
+  mke2fs -F /dev/vda > /dev/null 2>&1 || fail "mke2fs /dev/vda"
+  mkdir -p "$1" && mount -t ext4 /dev/vda "$1" || fail "mount /dev/vda on $1 (ext4 module?)"
+}
+
 # fill FILE OFFSET LEN OCTAL: overwrites LEN 4 KiB blocks of FILE from block OFFSET with
 # the byte OCTAL (e.g. 021 for 0x11); the expected contents of an image.
 fill() {

@@ -1,10 +1,14 @@
 #!/bin/sh
+# lab-disk: 1G
 # Memory tiering with the stock Debian guest (issue #13), one L1 boot, one L2:
-# `densevm run --memory 256M --memory-budget 128M` (a DRAM budget of half its RAM) with an
-# API socket. The guest's workload fills a tmpfs with 48 MiB from /dev/urandom (does not
-# compress: the swap file) and 48 MiB of a repeated line (compresses), copies the random
-# file, and checksums everything twice: 144 MiB of live data on top of the kernel's own
-# use, over the budget. (Sizes fit the lab's 600 s per test under nested TCG.) Checks:
+# `densevm run --memory 256M --cpus 2 --memory-budget 128M,...` (a DRAM budget of half its
+# RAM) with an API socket. Two vCPUs and `readers=1`: the tier reads swap-file pages in a
+# reader thread beside its service thread; the swap file on a scratch disk (direct reads;
+# in L1's RAM it would be DRAM outside the budget). The guest's workload fills a tmpfs with
+# 48 MiB from /dev/urandom (does not compress: the swap file) and 48 MiB of a repeated line
+# (compresses), copies the random file, and checksums everything twice: 144 MiB of live
+# data on top of the kernel's own use, over the budget. (Sizes fit the lab's 600 s per
+# test under nested TCG.) Checks:
 #  - the guest finishes, every checksum agrees, and the compressible file's checksum equals
 #    the host's for the same bytes (the data is right, not only stable);
 #  - the tier moved pages to both tiers and served them back (GET /memory-tier, and the
@@ -24,6 +28,7 @@ need_l2_densevm
 need_cmd awk sha256sum yes head
 W=/tmp/tiering
 tmpfs_workdir "$W"
+scratch_disk /mnt/tier
 
 GUEST=$(cat <<'EOF'
 mkdir -p /mnt/t && mount -t tmpfs -o size=160m tmpfs /mnt/t || { echo "guest: no tmpfs"; exit 3; }
@@ -47,7 +52,7 @@ EOF
 )
 L2_MEM=256M
 l2_start "$W/vm.log" "$GUEST_INITRD" "$GUEST_FNS
-$GUEST" --api-sock "$W/api.sock" --memory-budget 128M
+$GUEST" --api-sock "$W/api.sock" --cpus 2 --memory-budget 128M,swap_dir=/mnt/tier,readers=1
 vm=$L2_PID
 trap 'kill $vm 2>/dev/null' EXIT
 # sample SOCK LOG UNTIL: samples guest RAM resident (the tier's own figure, peak_res) and
@@ -95,6 +100,7 @@ tr -d '\n' < "$W/t.json"; echo
 [ "$(n "$W/t.json" evicted_swap)" -gt 0 ] || fail "no page went to the swap file"
 [ "$(n "$W/t.json" evicted_compressed)" -gt 0 ] || fail "no page was compressed"
 [ "$(n "$W/t.json" missing_faults)" -gt 0 ] || fail "no page came back"
+[ "$(n "$W/t.json" swap_reads_behind)" -gt 0 ] || fail "no swap-file page was read by the tier's reader thread"
 [ "$samples" -ge 5 ] || fail "only $samples samples of GET /memory-tier"
 limit=$(((128 + 4) * 1024))
 [ "$peak_res" -le "$limit" ] || fail "guest RAM resident peaked at $peak_res KiB, over the budget + slack ($limit KiB)"
