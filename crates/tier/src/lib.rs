@@ -491,8 +491,6 @@ impl Tier {
             let s = tier.shared.clone();
             let reader = std::thread::Builder::new()
                 .name(format!("tier-read{i}"))
-                // A page buffer of its own on the heap; little else.
-                .stack_size(64 << 10)
                 .spawn(move || {
                     densevm_seccomp::enter(densevm_seccomp::ThreadKind::Tier);
                     reader::run(s)
