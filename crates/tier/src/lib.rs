@@ -489,11 +489,15 @@ impl Tier {
         };
         for i in 0..config.swap_readers {
             let s = tier.shared.clone();
+            // Its page buffer comes from here: a reader that allocates nothing gets no heap
+            // arena of its own (3 readers of a 4-vCPU VM: 60 KiB more anonymous memory
+            // than none when each allocated its buffer, 32 KiB this way).
+            let buf = Box::new(store::AlignedPage([0; PAGE as usize]));
             let reader = std::thread::Builder::new()
                 .name(format!("tier-read{i}"))
                 .spawn(move || {
                     densevm_seccomp::enter(densevm_seccomp::ThreadKind::Tier);
-                    reader::run(s)
+                    reader::run(s, buf)
                 })?;
             tier.readers.push(reader);
         }

@@ -89,9 +89,8 @@ pub(crate) fn send(sh: &Shared, st: &mut State, pg: usize, addr: u64, slot: u32,
     });
 }
 
-/// A reader thread's loop.
-pub(crate) fn run(sh: Arc<Shared>) {
-    let mut buf = Box::new(AlignedPage([0; PAGE as usize]));
+/// A reader thread's loop; `buf` is where its reads land.
+pub(crate) fn run(sh: Arc<Shared>, mut buf: Box<AlignedPage>) {
     while let Some(job) = sh.jobs.pop(&sh) {
         // An aligned page at an aligned offset: a direct read when the descriptor has
         // O_DIRECT on (see `Swap`), a page-cache read otherwise; right either way.
