@@ -100,7 +100,8 @@ pub fn start(
 /// vCPUs on, none below. Readers let faults wait for the disk side by side, which only
 /// several faulting threads can use, and each read they take costs a thread switch more:
 /// at process level (docs/benchmarks.md, "Swap-file readers") 8 faulting threads gained
-/// ~20 % with 3 readers, 4 broke even, and 2 threads with one reader lost 3-13 %.
+/// 10-41 % with 3 readers in every pair; with 4 threads (3 readers) or 2 (one) the pairs
+/// went either way, −13 to +17 %.
 pub fn swap_readers(vcpus: usize) -> usize {
     if vcpus >= 4 {
         MAX_DEFAULT_READERS
