@@ -333,8 +333,9 @@ pub struct MemoryTierInfo {
     /// See `faults_compressed`.
     #[serde(default)]
     pub faults_base: u64,
-    /// Of `faults_swap`, the pages read by a reader thread beside the service thread (a VM
-    /// with more than one vCPU), so that several faults wait for the disk at once.
+    /// Of `faults_swap`, the pages sent to a reader thread beside the service thread (a VM
+    /// with 4 vCPUs or more, or `readers=N`), so that several faults wait for the disk at
+    /// once.
     #[serde(default)]
     pub swap_reads_behind: u64,
     /// Accesses to armed pages (the cold-page detector's samples).

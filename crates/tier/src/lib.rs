@@ -158,7 +158,8 @@ pub struct TierStats {
     pub faults_swap: u64,
     /// See [`TierStats::faults_compressed`].
     pub faults_base: u64,
-    /// Of [`TierStats::faults_swap`], the pages a reader thread read and installed.
+    /// Of [`TierStats::faults_swap`], the pages sent to a reader thread (a read a discard or
+    /// snapshot cancelled meanwhile counts too).
     pub swap_reads_behind: u64,
     /// Minor faults served (an armed page touched).
     pub minor_faults: u64,
@@ -294,20 +295,6 @@ impl Shared {
         };
         // SAFETY: a non-blocking poll of one pollfd we own.
         unsafe { libc::poll(&mut fd, 1, 0) > 0 }
-    }
-
-    /// The state, taken ahead of the service thread: announced in `waiters`, so a thread
-    /// moving a budget cut's excess out steps aside at its next run of pages (the lock is
-    /// not fair: it would otherwise take it back each time, and a scrape of the counters,
-    /// a balloon's release or a snapshot would wait for the whole excess).
-    fn lock_ahead(&self) -> MutexGuard<'_, State> {
-        self.waiters.fetch_add(1, Ordering::SeqCst);
-        let st = self
-            .state
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner());
-        self.waiters.fetch_sub(1, Ordering::SeqCst);
-        st
     }
 
     fn wake_service(&self) {
@@ -559,9 +546,19 @@ impl Tier {
         Some(ns)
     }
 
-    /// The state, taken ahead of the service thread ([`Shared::lock_ahead`]).
+    /// The state, taken ahead of the service thread: announced in `waiters`, so a thread
+    /// moving a budget cut's excess out steps aside at its next run of pages (the lock is
+    /// not fair: it would otherwise take it back each time, and a scrape of the counters,
+    /// a balloon's release or a snapshot would wait for the whole excess).
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.shared.lock_ahead()
+        self.shared.waiters.fetch_add(1, Ordering::SeqCst);
+        let st = self
+            .shared
+            .state
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner());
+        self.shared.waiters.fetch_sub(1, Ordering::SeqCst);
+        st
     }
 
     /// Gives `[offset, offset + len)` of the file back to the host (a balloon or a free

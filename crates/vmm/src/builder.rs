@@ -258,8 +258,8 @@ pub fn build(config: VmConfig) -> Result<Vmm, VmmError> {
     drop(serial_irq);
     // The payload is in place: from here on RAM is kept under the budget.
     if let Some(settings) = &config.memory_budget {
-        let ram = &mut crate::balloon::lock_ram(&ram);
-        crate::tiering::start(&memory, ram, settings, None, vcpus.len())?;
+        let mut ram = crate::balloon::lock_ram(&ram);
+        crate::tiering::start(&memory, &mut ram, settings, None, vcpus.len())?;
     }
     trace.mark("vm_ready");
     let mut vmm = finish(
