@@ -14,14 +14,17 @@
 
 mod filters;
 mod names;
+mod prestart;
 mod sigsys;
 
 use seccompiler::BpfProgram;
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::thread::JoinHandle;
 
 pub use filters::Policy;
+pub use prestart::{Prestarted, Work};
 
 /// The exit code of a process killed for a denied system call: 128 + SIGSYS (31).
 pub const EXIT_CODE: i32 = 159;
@@ -129,8 +132,13 @@ pub enum Mode {
 static MODE: AtomicU8 = AtomicU8::new(0);
 /// 0: none, else the kind's discriminant + 1.
 static VIOLATION: AtomicU8 = AtomicU8::new(0);
-/// Each kind's programs (main allow-list, then the clone3 → ENOSYS filter), by discriminant.
-static PROGRAMS: OnceLock<Vec<[BpfProgram; 2]>> = OnceLock::new();
+/// Each kind's programs (main allow-list, then the clone3 → ENOSYS filter), by discriminant,
+/// or why they could not be compiled.
+static PROGRAMS: OnceLock<Result<Vec<[BpfProgram; 2]>, String>> = OnceLock::new();
+/// The thread [`enable`] starts to compile [`PROGRAMS`] and prime glibc, beside the VM's
+/// start-up; the first [`enter`] waits for it (the others find it gone).
+static SETUP: Mutex<Option<JoinHandle<()>>> = Mutex::new(None);
+static ENABLED: AtomicBool = AtomicBool::new(false);
 
 thread_local! {
     /// The kind whose filter the current thread installed last (discriminant + 1; 0 none),
@@ -167,24 +175,54 @@ impl std::fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
-/// Turns filtering on for this process: compiles every kind's filter under `policy`,
-/// installs the SIGSYS handler, and makes [`enter`] install filters from now on. Call it
-/// once, before the process starts any thread that calls [`enter`].
+/// Turns filtering on for this process: installs the SIGSYS handler, and makes [`enter`]
+/// install filters from now on. Every kind's filter under `policy` is compiled, and glibc
+/// primed, on a thread of its own meanwhile (~0.25 ms, off the VM's start-up path); the
+/// first [`enter`] waits for it. Call it once, before the process starts any thread that
+/// calls [`enter`].
 pub fn enable(policy: Policy, test_violation: Option<ThreadKind>) -> Result<(), Error> {
     let log_only = policy.log_only;
-    let programs = ThreadKind::ALL
-        .iter()
-        .map(|&k| filters::compile(k, &policy).map_err(|e| Error(format!("{}: {e}", k.name()))))
-        .collect::<Result<Vec<_>, _>>()?;
-    if PROGRAMS.set(programs).is_err() {
+    if ENABLED.swap(true, Ordering::AcqRel) {
         return Err(Error("seccomp filtering is already enabled".into()));
     }
     sigsys::install().map_err(|e| Error(format!("installing the SIGSYS handler: {e}")))?;
     fix_malloc_arena_limit();
-    prime_heap_shrink_check();
+    let setup = move || {
+        let programs = ThreadKind::ALL
+            .iter()
+            .map(|&k| filters::compile(k, &policy).map_err(|e| format!("{}: {e}", k.name())))
+            .collect::<Result<Vec<_>, _>>();
+        let _ = PROGRAMS.set(programs);
+        // This thread has an arena of its own (glibc gives each new thread one until the
+        // arena limit): the compiled programs are in it, and the priming's chunks on top.
+        prime_heap_shrink_check();
+    };
+    let spawned = std::thread::Builder::new()
+        .name("seccomp-setup".into())
+        .spawn(setup.clone());
+    match spawned {
+        Ok(handle) => *SETUP.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle),
+        // No thread: compile here (the priming then needs a thread, which failed too).
+        Err(_) => setup(),
+    }
     VIOLATION.store(test_violation.map_or(0, |k| k as u8 + 1), Ordering::Release);
     MODE.store(if log_only { 3 } else { 1 }, Ordering::Release);
     Ok(())
+}
+
+/// Waits for [`enable`]'s setup thread if it still runs; returns the compiled programs.
+/// The lock is held while joining, so a second thread waits too.
+fn programs() -> Result<&'static [[BpfProgram; 2]], &'static str> {
+    let mut setup = SETUP.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(handle) = setup.take() {
+        let _ = handle.join();
+    }
+    drop(setup);
+    match PROGRAMS.get() {
+        Some(Ok(programs)) => Ok(programs),
+        Some(Err(e)) => Err(e),
+        None => Err("the thread compiling them ended without a result"),
+    }
 }
 
 /// glibc computes its malloc arena limit lazily: the thread that first needs a ninth
@@ -194,7 +232,11 @@ pub fn enable(policy: Policy, test_violation: Option<ThreadKind>) -> Result<(), 
 /// nothing is filtered, to glibc's own default (8 per CPU on 64-bit) means it is never
 /// computed later.
 fn fix_malloc_arena_limit() {
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // glibc's own count (sysconf reads /sys/devices/system/cpu/online): unlike
+    // available_parallelism, no cgroup files to read.
+    // SAFETY: sysconf only reads a system value.
+    let cpus = usize::try_from(unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) })
+        .map_or(1, |n| n.max(1));
     let limit = libc::c_int::try_from(cpus.saturating_mul(8)).unwrap_or(libc::c_int::MAX);
     // SAFETY: mallopt only changes a malloc tunable; M_ARENA_MAX takes any positive count.
     unsafe { libc::mallopt(libc::M_ARENA_MAX, limit) };
@@ -205,23 +247,19 @@ fn fix_malloc_arena_limit() {
 /// and caches the answer for the process. In the nested lab that first shrink came when
 /// the API thread dropped a memory tier's compressed store at the VM's end, and the API
 /// thread has no `openat` (SIGSYS, exit 159). Shrinking a thread arena's heap once now,
-/// while nothing is filtered, makes glibc read the file here: a new thread gets an arena
-/// of its own (glibc gives each new thread one until the arena limit), fills 512 KiB of it
-/// in 1 KiB chunks and frees them, and the free that merges them into the heap's top
-/// trims it.
+/// while nothing is filtered, makes glibc read the file here. Called on a thread with an
+/// arena of its own: four 100 KiB chunks (under the 128 KiB mmap threshold, so in the
+/// arena's heap) freed last first merge into the heap's top, and once the top passes the
+/// 128 KiB trim threshold the free trims it. (Freeing 512 1 KiB chunks did the same, with
+/// a page-by-page `mprotect` for each page the heap grew: ~0.5 ms.)
 fn prime_heap_shrink_check() {
-    let _ = std::thread::Builder::new()
-        .name("seccomp-prime".into())
-        .spawn(|| {
-            let chunks: Vec<Box<[u8]>> = (0..512)
-                .map(|i| vec![i as u8; 1024].into_boxed_slice())
-                .collect();
-            std::hint::black_box(&chunks);
-            for c in chunks.into_iter().rev() {
-                drop(std::hint::black_box(c));
-            }
-        })
-        .map(|t| t.join());
+    let chunks: Vec<Box<[u8]>> = (0..4)
+        .map(|i| vec![i as u8; 100 << 10].into_boxed_slice())
+        .collect();
+    std::hint::black_box(&chunks);
+    for c in chunks.into_iter().rev() {
+        drop(std::hint::black_box(c));
+    }
 }
 
 /// Records `--seccomp off`: [`mode`] answers [`Mode::Off`] and [`enter`] stays a no-op.
@@ -236,8 +274,17 @@ pub fn enter(kind: ThreadKind) {
     if !matches!(mode(), Mode::On | Mode::Log) {
         return;
     }
-    let Some(programs) = PROGRAMS.get() else {
-        return;
+    let programs = match programs() {
+        Ok(programs) => programs,
+        Err(e) => {
+            eprintln!(
+                "densevm: seccomp: cannot compile the filters, so thread kind {} cannot run \
+                 confined: {e}",
+                kind.name()
+            );
+            // SAFETY: _exit ends the process at once; nothing of this thread runs after it.
+            unsafe { libc::_exit(1) };
+        }
     };
     for program in &programs[kind as usize] {
         if let Err(e) = seccompiler::apply_filter(program) {

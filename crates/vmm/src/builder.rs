@@ -112,6 +112,7 @@ pub fn build(config: VmConfig) -> Result<Vmm, VmmError> {
         what: "installing the vCPU kick signal handler",
         source,
     })?;
+    let vcpu_threads = crate::vmm::prestart_vcpu_threads(config.cpus);
     let mut vm = Vm::new()?;
     let placed = place_external_regions(config.memory_bytes, &config.external_regions);
     let low_end = config.memory_bytes.min(LOW_RAM_END);
@@ -278,6 +279,7 @@ pub fn build(config: VmConfig) -> Result<Vmm, VmmError> {
             balloon,
         },
     );
+    vmm.vcpu_threads = vcpu_threads;
     vmm.readonly_slots = external.slots;
     vmm.write_fault_hooks = external.hooks;
     vmm.external_flush = external.flush;
@@ -335,5 +337,6 @@ pub(crate) fn finish(
         paused: false,
         events_tx,
         events_rx: Some(events_rx),
+        vcpu_threads: Vec::new(),
     }
 }

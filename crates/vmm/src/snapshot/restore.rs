@@ -125,6 +125,7 @@ pub fn build_restored(
         what: "installing the vCPU kick signal handler",
         source,
     })?;
+    let vcpu_threads = crate::vmm::prestart_vcpu_threads(state.vcpus.len() as u32);
     let file = match source.ram {
         Some(fd) => File::from(fd),
         None => File::open(dir.join(MEMORY_FILE))
@@ -300,6 +301,7 @@ pub fn build_restored(
             balloon,
         },
     );
+    vmm.vcpu_threads = vcpu_threads;
     vmm.notify_vmgenid = state.linux;
     vmm.readonly_slots = parts.slots;
     vmm.write_fault_hooks = parts.hooks;
