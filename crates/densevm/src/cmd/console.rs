@@ -220,7 +220,7 @@ fn serve(listener: &UnixListener, wake: BorrowedFd<'_>, mut input: impl FnMut(&[
     }
 }
 
-/// `densevm console`: types into a VM's serial console and waits for its answer.
+// `densevm console`: types into a VM's serial console and waits for its answer.
 #[derive(Args, Debug)]
 pub struct ConsoleArgs {
     /// The VM's console input socket (`densevm run --console-sock PATH`).

@@ -10,7 +10,7 @@ use std::io::Read;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-/// Arguments of `densevm exec`.
+// Arguments of `densevm exec`.
 #[derive(Args, Debug)]
 pub struct ExecArgs {
     /// The VM's API socket (`densevm run --api-sock`); the vsock socket is read from its

@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use crate::output::print_json;
 
-/// Arguments of `densevm image`.
+// Arguments of `densevm image`.
 #[derive(Args, Debug)]
 pub struct ImageArgs {
     #[command(subcommand)]

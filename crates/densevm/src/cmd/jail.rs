@@ -7,7 +7,7 @@ use clap::Args;
 use densevm_jail::{JailFlags, Launched, PlanBuilder};
 use std::path::{Path, PathBuf};
 
-/// The jail flags of `densevm run`.
+// The jail flags of `densevm run`.
 #[derive(Args, Debug, Default, Clone)]
 pub struct JailArgs {
     /// Run the VM jailed (needs root): new PID, mount, IPC and network namespaces, a root

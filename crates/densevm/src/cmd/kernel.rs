@@ -11,7 +11,7 @@ use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-/// Arguments of `densevm kernel`.
+// Arguments of `densevm kernel`.
 #[derive(Args, Debug)]
 pub struct KernelArgs {
     #[command(subcommand)]

@@ -6,7 +6,7 @@ use anyhow::Context;
 use clap::{Args, Subcommand};
 use densevm_9p::{Config, DriverOptions, IdMap, ListenAddr, Listener, Server};
 
-/// Arguments of `densevm 9p`.
+// Arguments of `densevm 9p`.
 #[derive(Args, Debug)]
 pub struct NinePArgs {
     #[command(subcommand)]

@@ -15,7 +15,7 @@ pub const DEFAULT_CMDLINE: &str = "console=ttyS0 reboot=acpi panic=-1";
 /// The script `--probe` runs when given no script: an idle guest that exits at once.
 pub const DEFAULT_PROBE_SCRIPT: &str = "exit 0";
 
-/// Arguments of `densevm run`.
+// Arguments of `densevm run`.
 #[derive(Args, Debug)]
 pub struct RunArgs {
     /// Guest memory size (e.g. 128M, 2G).
