@@ -144,7 +144,8 @@ fn trace_and_memory_report_json() {
             .as_f64()
             .unwrap_or_else(|| panic!("trace point {k} missing: {doc}"))
     };
-    assert!(t("vmm_start") <= t("vm_ready"));
+    assert!(t("vmm_start") <= t("build_start"));
+    assert!(t("build_start") <= t("vm_ready"));
     assert!(t("vm_ready") <= t("vcpu0_first_entry"));
     assert!(t("vcpu0_first_entry") <= t("probe_start"));
     assert!(t("probe_start") <= t("probe_done"));
