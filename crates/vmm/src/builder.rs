@@ -17,8 +17,7 @@ use crate::vstate::readonly_slots::ReadonlySlots;
 use crate::vstate::vcpu::{Vcpu, VcpuShared};
 use crate::vstate::vm::Vm;
 use densevm_devices::legacy;
-use kvm_bindings::CpuId;
-use kvm_bindings::KVM_MAX_CPUID_ENTRIES;
+use kvm_bindings::{CpuId, KVM_MAX_CPUID_ENTRIES};
 use kvm_ioctls::VcpuFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -119,7 +118,8 @@ pub fn build(config: VmConfig) -> Result<Vmm, VmmError> {
         what: "installing the vCPU kick signal handler",
         source,
     })?;
-    let mut vcpu_threads = crate::vmm::prestart_vcpu_threads(1);
+    let mut vcpu_threads = Vec::new();
+    crate::vmm::prestart_vcpu_threads(&mut vcpu_threads, 1);
     let mut vm = Vm::new()?;
     let placed = place_external_regions(config.memory_bytes, &config.external_regions);
     let low_end = config.memory_bytes.min(LOW_RAM_END);
@@ -184,7 +184,7 @@ pub fn build(config: VmConfig) -> Result<Vmm, VmmError> {
     let merged = memory.advise_merge(config.merge)?;
     tracing::debug!("{merged} bytes of guest memory marked for same-page merging");
     vm.register_memory(&memory)?;
-    crate::vmm::prestart_more_vcpu_threads(&mut vcpu_threads, config.cpus);
+    crate::vmm::prestart_vcpu_threads(&mut vcpu_threads, config.cpus);
     let external = crate::external::attach(&config.external_regions, &placed, &memory, linux);
     let ram = Arc::new(std::sync::Mutex::new(ram));
     let mut virtio: Vec<_> = external.devices.into_iter().chain(config.devices).collect();
@@ -227,7 +227,12 @@ pub fn build(config: VmConfig) -> Result<Vmm, VmmError> {
     let supported = vm
         .kvm()
         .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
-        .map_err(vcpu_err(0, "KVM_GET_SUPPORTED_CPUID"))?;
+        .map_err(|source| {
+            VmmError::Vm(crate::vstate::vm::VmError::Kvm {
+                what: "KVM_GET_SUPPORTED_CPUID",
+                source,
+            })
+        })?;
     let fds = (0..config.cpus)
         .map(|i| create_vcpu(&vm, i, config.cpus, &supported, options))
         .collect::<Result<Vec<_>, _>>()?;

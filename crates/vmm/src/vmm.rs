@@ -181,26 +181,16 @@ pub struct Vmm {
     pub(crate) vcpu_threads: Vec<densevm_seccomp::Prestarted>,
 }
 
-/// Starts `count` vCPU threads ahead of their vCPUs, so that each installs its seccomp
-/// filter (~0.6 ms of kernel JIT here) while the VM is built rather than before the
-/// guest's first instruction. Threads that cannot be started now are started by
-/// [`Vmm::run`] later, as before.
+/// Starts vCPU threads ahead of their vCPUs until `threads` holds `count`, so that each
+/// installs its seccomp filter (~0.6 ms of kernel JIT here) while the VM is built rather
+/// than before the guest's first instruction. Threads that cannot be started now are
+/// started by [`Vmm::run`] later, as before.
 ///
 /// The builders start vCPU 0's thread as they begin and the others' once guest memory is
-/// registered ([`prestart_more_vcpu_threads`]): on two host CPUs, four threads installing
-/// their filters at once held up the build by 1.4 ms, and KVM's memory registration,
-/// which waits for an SRCU grace period, is slowest while the other CPU is busy.
-pub(crate) fn prestart_vcpu_threads(count: u32) -> Vec<densevm_seccomp::Prestarted> {
-    let mut threads = Vec::new();
-    prestart_more_vcpu_threads(&mut threads, count);
-    threads
-}
-
-/// Starts vCPU threads ahead until `threads` holds `count` (see [`prestart_vcpu_threads`]).
-pub(crate) fn prestart_more_vcpu_threads(
-    threads: &mut Vec<densevm_seccomp::Prestarted>,
-    count: u32,
-) {
+/// registered: on two host CPUs, four threads installing their filters at once held up
+/// the build by 1.4 ms, and KVM's memory registration, which waits for an SRCU grace
+/// period, is slowest while the other CPU is busy.
+pub(crate) fn prestart_vcpu_threads(threads: &mut Vec<densevm_seccomp::Prestarted>, count: u32) {
     while threads.len() < count as usize {
         match densevm_seccomp::Prestarted::start(densevm_seccomp::ThreadKind::Vcpu, "vcpu") {
             Ok(thread) => threads.push(thread),

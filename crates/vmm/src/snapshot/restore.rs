@@ -125,7 +125,8 @@ pub fn build_restored(
         what: "installing the vCPU kick signal handler",
         source,
     })?;
-    let mut vcpu_threads = crate::vmm::prestart_vcpu_threads(state.vcpus.len().min(1) as u32);
+    let mut vcpu_threads = Vec::new();
+    crate::vmm::prestart_vcpu_threads(&mut vcpu_threads, state.vcpus.len().min(1) as u32);
     let file = match source.ram {
         Some(fd) => File::from(fd),
         None => File::open(dir.join(MEMORY_FILE))
@@ -216,7 +217,7 @@ pub fn build_restored(
     };
     let mut vm = Vm::new()?;
     vm.register_memory(&memory)?;
-    crate::vmm::prestart_more_vcpu_threads(&mut vcpu_threads, state.vcpus.len() as u32);
+    crate::vmm::prestart_vcpu_threads(&mut vcpu_threads, state.vcpus.len() as u32);
     trace.mark("memory_mapped");
     if state.irqchip {
         vm.create_irqchip()?;
