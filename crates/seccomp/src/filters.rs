@@ -8,11 +8,12 @@
 //! workers and maps pmem overlays). No thread starts programs: clones are started by the
 //! clone launcher, a process forked before any filter (densevm's `cmd/launcher.rs`).
 
+use crate::tree::{self, Entry};
 use crate::ThreadKind;
 use libc::*;
 use seccompiler::{
     BpfProgram, SeccompAction, SeccompCmpArgLen as Len, SeccompCmpOp as Op,
-    SeccompCondition as Cond, SeccompFilter, SeccompRule, TargetArch,
+    SeccompCondition as Cond, SeccompRule,
 };
 use std::collections::BTreeMap;
 
@@ -144,7 +145,7 @@ fn base(r: &mut Rules) -> Result<(), seccompiler::BackendError> {
 }
 
 /// Starting threads: `clone` with CLONE_THREAD only (`clone3`, whose flags a filter
-/// cannot read, is answered ENOSYS by the second filter so glibc falls back to `clone`).
+/// cannot read, is answered ENOSYS, see [`compile`], so glibc falls back to `clone`).
 fn spawn_threads(r: &mut Rules) -> Result<(), seccompiler::BackendError> {
     r.allow(&[SYS_clone3]);
     r.allow_if(
@@ -362,29 +363,25 @@ pub(crate) fn rules(
     Ok(r.0)
 }
 
-/// `kind`'s programs: its allow-list (anything else traps), then `clone3` → ENOSYS.
-pub(crate) fn compile(
-    kind: ThreadKind,
-    policy: &Policy,
-) -> Result<[BpfProgram; 2], seccompiler::BackendError> {
-    let arch = TargetArch::x86_64;
-    let main = SeccompFilter::new(
-        rules(kind)?,
-        if policy.log_only {
-            SeccompAction::Log
-        } else {
-            SeccompAction::Trap
-        },
-        SeccompAction::Allow,
-        arch,
-    )?;
-    let mut clone3 = BTreeMap::new();
-    clone3.insert(SYS_clone3, Vec::new());
-    let clone3 = SeccompFilter::new(
-        clone3,
-        SeccompAction::Allow,
-        SeccompAction::Errno(ENOSYS as u32),
-        arch,
-    )?;
-    Ok([main.try_into()?, clone3.try_into()?])
+/// `kind`'s program: its allow-list (anything else traps, or is logged under
+/// `--seccomp log`), with `clone3` answered ENOSYS where the list has it (and under
+/// `--seccomp log`, where it would otherwise pass with flags no filter can read).
+pub(crate) fn compile(kind: ThreadKind, policy: &Policy) -> Result<BpfProgram, String> {
+    let rules = rules(kind).map_err(|e| e.to_string())?;
+    let mut calls: BTreeMap<i64, Entry> = rules
+        .into_iter()
+        .map(|(nr, rules)| (nr, Entry::Rules(rules)))
+        .collect();
+    if calls.contains_key(&SYS_clone3) || policy.log_only {
+        calls.insert(
+            SYS_clone3,
+            Entry::Action(SeccompAction::Errno(ENOSYS as u32)),
+        );
+    }
+    let mismatch = if policy.log_only {
+        SeccompAction::Log
+    } else {
+        SeccompAction::Trap
+    };
+    tree::compile(calls, mismatch, SeccompAction::Allow).map_err(|e| e.to_string())
 }

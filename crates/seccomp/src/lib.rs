@@ -16,6 +16,7 @@ mod filters;
 mod names;
 mod prestart;
 mod sigsys;
+mod tree;
 
 use seccompiler::BpfProgram;
 use std::cell::Cell;
@@ -132,9 +133,9 @@ pub enum Mode {
 static MODE: AtomicU8 = AtomicU8::new(0);
 /// 0: none, else the kind's discriminant + 1.
 static VIOLATION: AtomicU8 = AtomicU8::new(0);
-/// Each kind's programs (main allow-list, then the clone3 → ENOSYS filter), by discriminant,
-/// or why they could not be compiled.
-static PROGRAMS: OnceLock<Result<Vec<[BpfProgram; 2]>, String>> = OnceLock::new();
+/// Each kind's program (`filters::compile`), by discriminant, or why they could not be
+/// compiled.
+static PROGRAMS: OnceLock<Result<Vec<BpfProgram>, String>> = OnceLock::new();
 /// The thread [`enable`] starts to compile [`PROGRAMS`] and prime glibc, beside the VM's
 /// start-up; the first [`enter`] waits for it (the others find it gone).
 static SETUP: Mutex<Option<JoinHandle<()>>> = Mutex::new(None);
@@ -212,7 +213,7 @@ pub fn enable(policy: Policy, test_violation: Option<ThreadKind>) -> Result<(), 
 
 /// Waits for [`enable`]'s setup thread if it still runs; returns the compiled programs.
 /// The lock is held while joining, so a second thread waits too.
-fn programs() -> Result<&'static [[BpfProgram; 2]], &'static str> {
+fn programs() -> Result<&'static [BpfProgram], &'static str> {
     let mut setup = SETUP.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(handle) = setup.take() {
         let _ = handle.join();
@@ -288,15 +289,13 @@ pub fn enter(kind: ThreadKind) {
             unsafe { libc::_exit(1) };
         }
     };
-    for program in &programs[kind as usize] {
-        if let Err(e) = seccompiler::apply_filter(program) {
-            eprintln!(
-                "densevm: seccomp: cannot install the filter of thread kind {}: {e}",
-                kind.name()
-            );
-            // SAFETY: _exit ends the process at once; nothing of this thread runs after it.
-            unsafe { libc::_exit(1) };
-        }
+    if let Err(e) = seccompiler::apply_filter(&programs[kind as usize]) {
+        eprintln!(
+            "densevm: seccomp: cannot install the filter of thread kind {}: {e}",
+            kind.name()
+        );
+        // SAFETY: _exit ends the process at once; nothing of this thread runs after it.
+        unsafe { libc::_exit(1) };
     }
     KIND.with(|c| c.set(kind as u8 + 1));
     if VIOLATION.load(Ordering::Acquire) == kind as u8 + 1 {
