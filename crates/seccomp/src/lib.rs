@@ -133,11 +133,16 @@ pub enum Mode {
 static MODE: AtomicU8 = AtomicU8::new(0);
 /// 0: none, else the kind's discriminant + 1.
 static VIOLATION: AtomicU8 = AtomicU8::new(0);
-/// Each kind's program (`filters::compile`), by discriminant, or why they could not be
-/// compiled.
-static PROGRAMS: OnceLock<Result<Vec<BpfProgram>, String>> = OnceLock::new();
-/// The thread [`enable`] starts to compile [`PROGRAMS`] and prime glibc, beside the VM's
-/// start-up; the first [`enter`] waits for it (the others find it gone).
+/// The number of kinds.
+const KINDS: usize = ThreadKind::ALL.len();
+/// The policy [`enable`] was given.
+static POLICY: OnceLock<Policy> = OnceLock::new();
+/// Each kind's program (`filters::compile`), by discriminant, or why it could not be
+/// compiled: compiled by the first thread of the kind to [`enter`] (a VM uses a handful of
+/// the kinds; compiling all of them at start took ~0.3 ms of CPU beside the build).
+static PROGRAMS: [OnceLock<Result<BpfProgram, String>>; KINDS] = [const { OnceLock::new() }; KINDS];
+/// The thread [`enable`] starts to prime glibc beside the VM's start-up; the first
+/// [`enter`] waits for it (the others find it gone).
 static SETUP: Mutex<Option<JoinHandle<()>>> = Mutex::new(None);
 static ENABLED: AtomicBool = AtomicBool::new(false);
 
@@ -177,53 +182,46 @@ impl std::fmt::Display for Error {
 impl std::error::Error for Error {}
 
 /// Turns filtering on for this process: installs the SIGSYS handler, and makes [`enter`]
-/// install filters from now on. Every kind's filter under `policy` is compiled, and glibc
-/// primed, on a thread of its own meanwhile (~0.25 ms, off the VM's start-up path); the
-/// first [`enter`] waits for it. Call it once, before the process starts any thread that
-/// calls [`enter`].
+/// install filters from now on (each kind's compiled by the first thread to enter it,
+/// ~20 µs). glibc is primed on a thread of its own meanwhile, off the VM's start-up path;
+/// the first [`enter`] waits for it. Call it once, before the process starts any thread
+/// that calls [`enter`].
 pub fn enable(policy: Policy, test_violation: Option<ThreadKind>) -> Result<(), Error> {
-    let log_only = policy.log_only;
     if ENABLED.swap(true, Ordering::AcqRel) {
         return Err(Error("seccomp filtering is already enabled".into()));
     }
+    let log_only = policy.log_only;
+    let _ = POLICY.set(policy);
     sigsys::install().map_err(|e| Error(format!("installing the SIGSYS handler: {e}")))?;
     fix_malloc_arena_limit();
-    let setup = move || {
-        let programs = ThreadKind::ALL
-            .iter()
-            .map(|&k| filters::compile(k, &policy).map_err(|e| format!("{}: {e}", k.name())))
-            .collect::<Result<Vec<_>, _>>();
-        let _ = PROGRAMS.set(programs);
-        // This thread has an arena of its own (glibc gives each new thread one until the
-        // arena limit): the compiled programs are in it, and the priming's chunks on top.
-        prime_heap_shrink_check();
-    };
+    // A thread of its own: glibc gives each new thread an arena (until the arena limit),
+    // which the priming needs.
     let spawned = std::thread::Builder::new()
         .name("seccomp-setup".into())
-        .spawn(setup.clone());
-    match spawned {
-        Ok(handle) => *SETUP.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle),
-        // No thread: compile here (the priming then needs a thread, which failed too).
-        Err(_) => setup(),
+        .spawn(prime_heap_shrink_check);
+    // Without a thread, no priming either: the VM's own threads will not start.
+    if let Ok(handle) = spawned {
+        *SETUP.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle);
     }
     VIOLATION.store(test_violation.map_or(0, |k| k as u8 + 1), Ordering::Release);
     MODE.store(if log_only { 3 } else { 1 }, Ordering::Release);
     Ok(())
 }
 
-/// Waits for [`enable`]'s setup thread if it still runs; returns the compiled programs.
-/// The lock is held while joining, so a second thread waits too.
-fn programs() -> Result<&'static [BpfProgram], &'static str> {
+/// Waits for [`enable`]'s setup thread if it still runs, then returns `kind`'s program,
+/// compiling it if no thread of the kind has yet. The lock is held while joining, so a
+/// second thread waits too.
+fn program(kind: ThreadKind) -> Result<&'static BpfProgram, &'static str> {
     let mut setup = SETUP.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(handle) = setup.take() {
         let _ = handle.join();
     }
     drop(setup);
-    match PROGRAMS.get() {
-        Some(Ok(programs)) => Ok(programs),
-        Some(Err(e)) => Err(e),
-        None => Err("the thread compiling them ended without a result"),
-    }
+    let policy = POLICY.get().ok_or("filtering was not enabled")?;
+    PROGRAMS[kind as usize]
+        .get_or_init(|| filters::compile(kind, policy))
+        .as_ref()
+        .map_err(String::as_str)
 }
 
 /// glibc computes its malloc arena limit lazily: the thread that first needs a ninth
@@ -277,19 +275,19 @@ pub fn enter(kind: ThreadKind) {
     if !matches!(mode(), Mode::On | Mode::Log) {
         return;
     }
-    let programs = match programs() {
-        Ok(programs) => programs,
+    let program = match program(kind) {
+        Ok(program) => program,
         Err(e) => {
             eprintln!(
-                "densevm: seccomp: cannot compile the filters, so thread kind {} cannot run \
-                 confined: {e}",
+                "densevm: seccomp: cannot compile the filter of thread kind {}, so it cannot \
+                 run confined: {e}",
                 kind.name()
             );
             // SAFETY: _exit ends the process at once; nothing of this thread runs after it.
             unsafe { libc::_exit(1) };
         }
     };
-    if let Err(e) = seccompiler::apply_filter(&programs[kind as usize]) {
+    if let Err(e) = seccompiler::apply_filter(program) {
         eprintln!(
             "densevm: seccomp: cannot install the filter of thread kind {}: {e}",
             kind.name()
