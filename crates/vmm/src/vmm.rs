@@ -365,13 +365,7 @@ impl Vmm {
         };
 
         self.shared.stop.store(true, Ordering::Release);
-        for handle in threads {
-            while !handle.is_finished() {
-                kick::kick(handle.as_pthread_t());
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            let _ = handle.join();
-        }
+        stop_vcpu_threads(&rx, threads, left as usize);
         // Devices stop (workers joined, disks flushed) before guest memory goes away.
         drop(self.devices);
         drop(self.write_fault_hooks);
@@ -441,5 +435,38 @@ impl Vmm {
             }
         }
         None
+    }
+}
+
+/// Stops the vCPU threads once `stop` is set, `left` of them having already said they
+/// left: kicks the others out of `KVM_RUN` at once (`kick.rs`: a kick is never lost), then
+/// waits for each to say it left (`VcpuEvent::Stopped`, sent as the thread leaves its
+/// loop), kicking again every millisecond while some have not, and joins them. (It used
+/// to kick one thread, sleep 1 ms, look again, then the next: a VM's end waited 1 ms per
+/// vCPU where a thread takes ~0.1 ms to leave.) Other events that come meanwhile are
+/// dropped: the VM has ended.
+fn stop_vcpu_threads(rx: &Receiver<LoopEvent>, threads: Vec<JoinHandle<()>>, mut left: usize) {
+    const KICK_AGAIN: Duration = Duration::from_millis(1);
+    while left < threads.len() {
+        for handle in threads.iter().filter(|h| !h.is_finished()) {
+            kick::kick(handle.as_pthread_t());
+        }
+        let again = Instant::now() + KICK_AGAIN;
+        while left < threads.len() {
+            let wait = again.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(wait) {
+                Ok(LoopEvent::Vcpu(VcpuEvent::Stopped(_))) => left += 1,
+                Ok(_) => {}
+                Err(RecvTimeoutError::Timeout) => break,
+                // Every sender is gone, the vCPU threads' too: they have all left.
+                Err(RecvTimeoutError::Disconnected) => left = threads.len(),
+            }
+        }
+        if threads.iter().all(JoinHandle::is_finished) {
+            break;
+        }
+    }
+    for handle in threads {
+        let _ = handle.join();
     }
 }
