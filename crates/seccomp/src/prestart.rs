@@ -26,10 +26,20 @@ pub struct Prestarted {
 impl Prestarted {
     /// Starts a thread named `name` that enters `kind` at once, then waits for its work.
     pub fn start(kind: ThreadKind, name: &str) -> io::Result<Self> {
+        Self::start_after(kind, name, None)
+    }
+
+    /// As [`Prestarted::start`], the thread running `first` before it enters its kind:
+    /// start-up work of the VMM's own, unfiltered like the control thread's build (never
+    /// anything a guest can reach), done beside the build instead of on its path.
+    pub fn start_after(kind: ThreadKind, name: &str, first: Option<Work>) -> io::Result<Self> {
         let (work, rx) = sync_channel::<Work>(1);
         let thread = std::thread::Builder::new()
             .name(name.into())
             .spawn(move || {
+                if let Some(first) = first {
+                    first();
+                }
                 crate::enter(kind);
                 if let Ok(work) = rx.recv() {
                     work();
@@ -67,6 +77,19 @@ mod tests {
             .unwrap_or_else(|_| panic!("the prestarted thread was gone"));
         handle.join().unwrap();
         assert!(ran.load(Ordering::Acquire));
+    }
+
+    #[test]
+    fn runs_first_before_its_work() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let tx2 = tx.clone();
+        let first: Work = Box::new(move || tx.send("first").unwrap());
+        let thread = Prestarted::start_after(ThreadKind::Vcpu, "first", Some(first)).unwrap();
+        let handle = thread
+            .run(Box::new(move || tx2.send("work").unwrap()))
+            .unwrap_or_else(|_| panic!("the prestarted thread was gone"));
+        handle.join().unwrap();
+        assert_eq!(rx.try_iter().collect::<Vec<_>>(), ["first", "work"]);
     }
 
     #[test]

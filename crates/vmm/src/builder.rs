@@ -1,7 +1,7 @@
 //! Building a VM from a [`VmConfig`]: memory, the KVM VM and irqchip, devices, vCPUs and
 //! the guest payload. The result is a [`Vmm`] ready to run its event loop.
 
-use crate::arch::cpuid::{vcpu_cpuid, CpuidOptions};
+use crate::arch::cpuid::{vcpu_cpuid, CpuidOptions, SupportedCpuid};
 use crate::balloon::{SharedRam, VmBalloon};
 use crate::boot::{linux, probe, EntryState};
 use crate::config::{
@@ -17,7 +17,7 @@ use crate::vstate::readonly_slots::ReadonlySlots;
 use crate::vstate::vcpu::{Vcpu, VcpuShared};
 use crate::vstate::vm::Vm;
 use densevm_devices::legacy;
-use kvm_bindings::{CpuId, KVM_MAX_CPUID_ENTRIES};
+use kvm_bindings::CpuId;
 use kvm_ioctls::VcpuFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -119,7 +119,10 @@ pub fn build(config: VmConfig) -> Result<Vmm, VmmError> {
         source,
     })?;
     let mut vcpu_threads = Vec::new();
-    crate::vmm::prestart_vcpu_threads(&mut vcpu_threads, 1);
+    // vCPU 0's thread reads KVM's supported CPUID before it installs its filter, while
+    // this thread creates the VM, its memory and devices.
+    let (read_cpuid, supported) = SupportedCpuid::read_ahead();
+    crate::vmm::prestart_vcpu_threads(&mut vcpu_threads, 1, Some(read_cpuid));
     let mut vm = Vm::new()?;
     let placed = place_external_regions(config.memory_bytes, &config.external_regions);
     let low_end = config.memory_bytes.min(LOW_RAM_END);
@@ -184,7 +187,7 @@ pub fn build(config: VmConfig) -> Result<Vmm, VmmError> {
     let merged = memory.advise_merge(config.merge)?;
     tracing::debug!("{merged} bytes of guest memory marked for same-page merging");
     vm.register_memory(&memory)?;
-    crate::vmm::prestart_vcpu_threads(&mut vcpu_threads, config.cpus);
+    crate::vmm::prestart_vcpu_threads(&mut vcpu_threads, config.cpus, None);
     let external = crate::external::attach(&config.external_regions, &placed, &memory, linux);
     let ram = Arc::new(std::sync::Mutex::new(ram));
     let mut virtio: Vec<_> = external.devices.into_iter().chain(config.devices).collect();
@@ -224,15 +227,12 @@ pub fn build(config: VmConfig) -> Result<Vmm, VmmError> {
     let options = CpuidOptions {
         async_pf: config.memory_budget.as_ref().is_none_or(|s| s.async_pf),
     };
-    let supported = vm
-        .kvm()
-        .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
-        .map_err(|source| {
-            VmmError::Vm(crate::vstate::vm::VmError::Kvm {
-                what: "KVM_GET_SUPPORTED_CPUID",
-                source,
-            })
-        })?;
+    let supported = supported.get(vm.kvm()).map_err(|source| {
+        VmmError::Vm(crate::vstate::vm::VmError::Kvm {
+            what: "KVM_GET_SUPPORTED_CPUID",
+            source,
+        })
+    })?;
     let fds = (0..config.cpus)
         .map(|i| create_vcpu(&vm, i, config.cpus, &supported, options))
         .collect::<Result<Vec<_>, _>>()?;

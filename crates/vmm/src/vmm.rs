@@ -190,9 +190,17 @@ pub struct Vmm {
 /// registered: on two host CPUs, four threads installing their filters at once held up
 /// the build by 1.4 ms, and KVM's memory registration, which waits for an SRCU grace
 /// period, is slowest while the other CPU is busy.
-pub(crate) fn prestart_vcpu_threads(threads: &mut Vec<densevm_seccomp::Prestarted>, count: u32) {
+///
+/// `first` runs on the first thread started, before its filter (see
+/// [`densevm_seccomp::Prestarted::start_after`]).
+pub(crate) fn prestart_vcpu_threads(
+    threads: &mut Vec<densevm_seccomp::Prestarted>,
+    count: u32,
+    mut first: Option<densevm_seccomp::Work>,
+) {
     while threads.len() < count as usize {
-        match densevm_seccomp::Prestarted::start(densevm_seccomp::ThreadKind::Vcpu, "vcpu") {
+        let kind = densevm_seccomp::ThreadKind::Vcpu;
+        match densevm_seccomp::Prestarted::start_after(kind, "vcpu", first.take()) {
             Ok(thread) => threads.push(thread),
             Err(e) => {
                 tracing::debug!("cannot start a vCPU thread ahead: {e}");

@@ -126,7 +126,7 @@ pub fn build_restored(
         source,
     })?;
     let mut vcpu_threads = Vec::new();
-    crate::vmm::prestart_vcpu_threads(&mut vcpu_threads, state.vcpus.len().min(1) as u32);
+    crate::vmm::prestart_vcpu_threads(&mut vcpu_threads, state.vcpus.len().min(1) as u32, None);
     let file = match source.ram {
         Some(fd) => File::from(fd),
         None => File::open(dir.join(MEMORY_FILE))
@@ -217,7 +217,7 @@ pub fn build_restored(
     };
     let mut vm = Vm::new()?;
     vm.register_memory(&memory)?;
-    crate::vmm::prestart_vcpu_threads(&mut vcpu_threads, state.vcpus.len() as u32);
+    crate::vmm::prestart_vcpu_threads(&mut vcpu_threads, state.vcpus.len() as u32, None);
     trace.mark("memory_mapped");
     if state.irqchip {
         vm.create_irqchip()?;
