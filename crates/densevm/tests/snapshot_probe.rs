@@ -90,11 +90,19 @@ fn a_paused_probe_snapshot_restores_twice_and_continues_its_script() {
     );
 
     let before = file_hash(&snap.join("memory"));
-    let restored: Vec<Child> = (0..2)
-        .map(|_| {
+    // Each restore also writes its report (`--report-json`, which a restore ignored until
+    // 2026-12-06).
+    let reports: Vec<_> = (0..2)
+        .map(|i| snap.with_file_name(format!("restore-{i}.json")))
+        .collect();
+    let restored: Vec<Child> = reports
+        .iter()
+        .map(|report| {
             densevm()
                 .args(["run", "--timeout", "60", "--restore"])
                 .arg(&snap)
+                .arg("--report-json")
+                .arg(report)
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
                 .spawn()
@@ -118,6 +126,21 @@ fn a_paused_probe_snapshot_restores_twice_and_continues_its_script() {
             !text.contains("write ram 8M"),
             "the restored VM ran the script from its start: {text}"
         );
+    }
+    for report in &reports {
+        let doc: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(report).unwrap()).unwrap();
+        assert_eq!(doc["exit_code"], 7, "{doc}");
+        assert_eq!(doc["restored_from"], snap.display().to_string(), "{doc}");
+        for point in [
+            "state_read",
+            "memory_mapped",
+            "vm_ready",
+            "vcpu0_first_entry",
+        ] {
+            assert!(doc["trace_ms"][point].as_f64().is_some(), "{point}: {doc}");
+        }
+        assert!(doc["uss_kib"].as_u64().is_some_and(|k| k > 0), "{doc}");
     }
     // Two more from the snapshot with the CLI verb (detached processes, consoles in the
     // snapshot directory).

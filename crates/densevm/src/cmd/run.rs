@@ -225,17 +225,13 @@ pub fn parse_memory(text: &str) -> Result<u64, String> {
 }
 
 fn summary(args: &RunArgs, outcome: &RunOutcome, pmem: &PmemRegions) -> Value {
-    let mut trace = Map::new();
-    for p in outcome.trace.points() {
-        trace.insert(p.name, json!((p.ms * 1000.0).round() / 1000.0));
-    }
     let mut obj = json!({
         "exit_code": outcome.end.exit_code(),
         "end": outcome.end.to_string(),
         "error": outcome.end.is_error(),
         "memory_bytes": args.memory,
         "cpus": args.cpus,
-        "trace_ms": trace,
+        "trace_ms": trace_ms(outcome),
     });
     if pmem.len() > 0 {
         let o = obj.as_object_mut().expect("object");
@@ -244,6 +240,35 @@ fn summary(args: &RunArgs, outcome: &RunOutcome, pmem: &PmemRegions) -> Value {
     }
     add_figures(obj.as_object_mut().expect("object"), outcome);
     obj
+}
+
+/// The start-up trace: ms from `main` by point.
+fn trace_ms(outcome: &RunOutcome) -> Map<String, Value> {
+    let mut trace = Map::new();
+    for p in outcome.trace.points() {
+        trace.insert(p.name, json!((p.ms * 1000.0).round() / 1000.0));
+    }
+    trace
+}
+
+/// `--report`, `--report-json` and `--json` once the VM has ended, booted or restored.
+fn report(args: &RunArgs, outcome: &RunOutcome, doc: &Value) -> anyhow::Result<()> {
+    if args.report {
+        match &outcome.memory {
+            Some(m) => print_report(m),
+            None => eprintln!("densevm: memory report unavailable (cannot read /proc/self/smaps)"),
+        }
+    }
+    match args.report_json.as_deref() {
+        Some("-") => print_json(doc)?,
+        Some(path) => std::fs::write(path, serde_json::to_string_pretty(doc)? + "\n")
+            .with_context(|| format!("cannot write the JSON report to {path}"))?,
+        None => {}
+    }
+    if args.json && args.report_json.as_deref() != Some("-") {
+        print_json(doc)?;
+    }
+    Ok(())
 }
 
 /// Adds what the VM's end measured (balloon, memory tier, memory figures) to `o`.
@@ -387,22 +412,7 @@ pub fn main(mut args: RunArgs) -> anyhow::Result<i32> {
     if args.trace {
         eprint!("{}", outcome.trace.table());
     }
-    if args.report {
-        match &outcome.memory {
-            Some(m) => print_report(m),
-            None => eprintln!("densevm: memory report unavailable (cannot read /proc/self/smaps)"),
-        }
-    }
-    let doc = summary(&args, &outcome, &pmem);
-    match args.report_json.as_deref() {
-        Some("-") => print_json(&doc)?,
-        Some(path) => std::fs::write(path, serde_json::to_string_pretty(&doc)? + "\n")
-            .with_context(|| format!("cannot write the JSON report to {path}"))?,
-        None => {}
-    }
-    if args.json && args.report_json.as_deref() != Some("-") {
-        print_json(&doc)?;
-    }
+    report(&args, &outcome, &summary(&args, &outcome, &pmem))?;
     if outcome.end.is_error() {
         eprintln!("densevm: error: {}", outcome.end);
     }
@@ -521,7 +531,7 @@ fn restore_main(args: RunArgs, origin: Instant) -> anyhow::Result<i32> {
         console,
         timeout,
         origin,
-        args.report || args.json,
+        args.report || args.report_json.is_some() || args.json,
     )
     .with_context(|| format!("could not restore the VM from {}", dir.display()))?;
     if let Some(fd) = args.ready_fd {
@@ -532,16 +542,17 @@ fn restore_main(args: RunArgs, origin: Instant) -> anyhow::Result<i32> {
     if args.trace {
         eprint!("{}", outcome.trace.table());
     }
-    if args.json {
-        let mut doc = json!({
-            "exit_code": outcome.end.exit_code(),
-            "end": outcome.end.to_string(),
-            "error": outcome.end.is_error(),
-            "restored_from": dir.display().to_string(),
-        });
-        add_figures(doc.as_object_mut().expect("object"), &outcome);
-        print_json(&doc)?;
-    }
+    // `--report` and `--report-json` as for a boot (they were ignored here until
+    // 2026-12-06), the trace included: a restore's start-up is what it is for.
+    let mut doc = json!({
+        "exit_code": outcome.end.exit_code(),
+        "end": outcome.end.to_string(),
+        "error": outcome.end.is_error(),
+        "restored_from": dir.display().to_string(),
+        "trace_ms": trace_ms(&outcome),
+    });
+    add_figures(doc.as_object_mut().expect("object"), &outcome);
+    report(&args, &outcome, &doc)?;
     if outcome.end.is_error() {
         eprintln!("densevm: error: {}", outcome.end);
     }
