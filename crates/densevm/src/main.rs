@@ -112,4 +112,22 @@ mod tests {
             );
         }
     }
+
+    /// A restore takes RAM, vCPUs and merging from its snapshot: saying otherwise is an
+    /// error, not a flag silently ignored.
+    #[test]
+    fn a_restore_refuses_what_the_snapshot_decides() {
+        use clap::Parser;
+        for flag in [["--memory", "512M"], ["--cpus", "2"], ["--merge", "all"]] {
+            let err =
+                Cli::try_parse_from(["densevm", "run", "--restore", "/snap", flag[0], flag[1]])
+                    .expect_err(flag[0]);
+            assert_eq!(
+                err.kind(),
+                clap::error::ErrorKind::ArgumentConflict,
+                "{flag:?}"
+            );
+        }
+        assert!(Cli::try_parse_from(["densevm", "run", "--restore", "/snap"]).is_ok());
+    }
 }

@@ -130,8 +130,9 @@ pub struct RunArgs {
     #[arg(long)]
     pub id: Option<String>,
     /// Start the VM from a snapshot directory (made by PUT /snapshot/create) instead of
-    /// booting: it continues where the snapshot was taken.
-    #[arg(long, value_name = "DIR", conflicts_with_all = ["kernel", "probe", "pmem", "disk", "share", "rng", "net", "vsock", "balloon"])]
+    /// booting: it continues where the snapshot was taken, with the snapshot's RAM, vCPUs
+    /// and devices (--memory, --cpus, --merge and device flags are refused).
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["kernel", "probe", "pmem", "disk", "share", "rng", "net", "vsock", "balloon", "memory", "cpus", "merge"])]
     pub restore: Option<std::path::PathBuf>,
     /// (clones) the template's RAM file is this inherited descriptor.
     #[arg(long, hide = true, requires = "restore")]
