@@ -351,6 +351,82 @@ fn clones_of_a_running_probe_share_unwritten_memory() {
 }
 
 /// A field of /proc/PID/status.
+/// The inode of the RAM file (`memfd:densevm-ram`) process `pid` maps: the template it
+/// was cloned from.
+fn ram_file_inode(pid: u64) -> String {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    maps.lines()
+        .find(|l| l.contains("memfd:densevm-ram"))
+        .and_then(|l| l.split_whitespace().nth(4))
+        .unwrap_or_else(|| panic!("process {pid} maps no RAM file:\n{maps}"))
+        .to_string()
+}
+
+/// Cloning the same parent again, under the control thread's seccomp filter: while it
+/// wrote nothing since the last clone, the new clone maps the same template (the page
+/// scan found no page of the parent's own); after it wrote, a new template with its
+/// current memory. Every VM finishes the script with the same memory.
+#[test]
+fn a_parent_cloned_again_reuses_its_template_until_it_writes() {
+    let tmp = TempDir::new("clone-again");
+    let console = tmp.0.join("parent.console");
+    let script = "write ram 8M 4M 0x33; sleep 2000; write ram 12M 1M 0x44; sleep 2500; \
+                  sum ram 8M 4M; sum ram 12M 1M; exit 3";
+    let (mut parent, sock) = start(&tmp.0, script, &console);
+    let clone = |name: &str| -> (u64, PathBuf) {
+        let dir = tmp.0.join(name);
+        let out = vm(
+            &[
+                "clone",
+                "--count",
+                "1",
+                "--json",
+                "--dir",
+                dir.to_str().unwrap(),
+            ],
+            &sock,
+        );
+        let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let c = &doc["clones"][0];
+        let pid = c["pid"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("clone {name}: {out}"));
+        (pid, PathBuf::from(c["console"].as_str().unwrap()))
+    };
+    wait_for(&console, "sleep 2000 ms");
+    let (a, a_console) = clone("a");
+    let (b, b_console) = clone("b");
+    let (a_ram, b_ram) = (ram_file_inode(a), ram_file_inode(b));
+    assert_eq!(
+        a_ram, b_ram,
+        "an unchanged parent's second clone got a new template"
+    );
+    wait_for(&console, "sleep 2500 ms");
+    let (c, c_console) = clone("c");
+    let c_ram = ram_file_inode(c);
+    assert_ne!(
+        c_ram, a_ram,
+        "a parent that wrote was cloned from its old template"
+    );
+    let sums = [
+        sum_line("8M", "4M", 0x33, 4 << 20),
+        sum_line("12M", "1M", 0x44, 1 << 20),
+    ];
+    assert_eq!(parent.wait().unwrap().code(), Some(3));
+    for (name, path) in [
+        ("parent", &console),
+        ("clone a", &a_console),
+        ("clone b", &b_console),
+        ("clone c", &c_console),
+    ] {
+        wait_for_line(path, "sum ram 12M 1M = ");
+        let text = std::fs::read_to_string(path).unwrap();
+        for sum in &sums {
+            assert!(text.contains(sum), "{name}: no `{sum}` in\n{text}");
+        }
+    }
+}
+
 fn status_field(pid: u64, name: &str) -> String {
     status_field_of(&pid.to_string(), name)
 }

@@ -30,6 +30,10 @@ pub struct Policy {
 const KVMIO: u64 = 0xAE;
 const UFFDIO: u64 = 0xAA;
 const TUNIO: u64 = b'T' as u64;
+/// `PAGEMAP_SCAN` (`_IOWR('f', 16, struct pm_scan_arg)`, 96 bytes; Linux ≥ 6.7): which
+/// pages of guest RAM the VMM holds privately, asked of `/proc/self/pagemap` by snapshots
+/// and templates (densevm-vmm's `snapshot::pagemap`).
+const PAGEMAP_SCAN: u64 = 0xC060_6610;
 
 /// A kind's rules under construction: syscall → rules (empty: unconditional).
 struct Rules(BTreeMap<i64, Vec<SeccompRule>>);
@@ -333,8 +337,8 @@ fn kind_rules(kind: ThreadKind, r: &mut Rules) -> Result<(), seccompiler::Backen
             ninep(r);
             fds(r);
             // Snapshots and templates: files and directories; the RAM memfd; pmem overlays
-            // (a new userfaultfd); the sockets' and console's cleanup; --report reads
-            // /proc/self/smaps.
+            // (a new userfaultfd); the pages of RAM the VM wrote (PAGEMAP_SCAN); the
+            // sockets' and console's cleanup; --report reads /proc/self/smaps.
             r.allow(&[
                 SYS_open,
                 SYS_mkdir,
@@ -348,6 +352,10 @@ fn kind_rules(kind: ThreadKind, r: &mut Rules) -> Result<(), seccompiler::Backen
                 SYS_uname,
             ]);
             r.ioctl_family(UFFDIO)?;
+            r.allow_if(
+                SYS_ioctl,
+                vec![Cond::new(1, Len::Dword, Op::Eq, PAGEMAP_SCAN)?],
+            )?;
         }
     }
     Ok(())

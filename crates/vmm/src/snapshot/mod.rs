@@ -6,6 +6,8 @@
 //! VM's frozen RAM file, handed to each clone as an inherited descriptor.
 //!
 //! - [`ram`] — the RAM file: creation, freezing, writing it sparse.
+//! - [`pagemap`] — which pages of a mapping the process holds privately (what a snapshot
+//!   over a template copies).
 //! - [`create`] — pausing, saving every part of the VM, templates (on the control loop).
 //! - [`restore`] — building a VM from a snapshot.
 //!
@@ -20,6 +22,7 @@
 pub mod create;
 pub mod fuzz;
 pub mod holes;
+pub mod pagemap;
 pub mod ram;
 pub mod restore;
 

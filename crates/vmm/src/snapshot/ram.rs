@@ -9,17 +9,15 @@
 //! private copies and the file never changes again.
 
 use super::holes::AnonHoles;
+use super::pagemap;
 use crate::memory::{is_ram, RegionInfo, RegionKind};
 use std::fs::File;
 use std::io;
+use std::ops::ControlFlow;
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::fs::FileExt;
 
 const PAGE: u64 = 4096;
-/// pagemap: page present / swapped / file-backed (or shared anonymous).
-const PM_PRESENT: u64 = 1 << 63;
-const PM_SWAP: u64 = 1 << 62;
-const PM_FILE: u64 = 1 << 61;
 
 /// A new, empty memfd of `size` bytes for guest RAM (sparse: pages appear when written).
 pub fn create_ram_file(size: u64) -> io::Result<File> {
@@ -132,18 +130,11 @@ fn write_nonzero_runs(data: &[u8], out: &File, offset: u64) -> io::Result<u64> {
     Ok(written)
 }
 
-/// Whether a /proc/self/pagemap entry is a page this process holds privately (present or
-/// swapped, and not a file page: a written copy over a file, or anonymous memory).
-fn is_private(entry: &[u8]) -> bool {
-    let e = u64::from_le_bytes(entry.try_into().unwrap_or([0; 8]));
-    e & (PM_PRESENT | PM_SWAP) != 0 && e & PM_FILE == 0
-}
-
 /// Which pages of a region to copy.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Pages {
     /// Those this process holds privately (written copies over a file, or anonymous
-    /// memory), per /proc/self/pagemap.
+    /// memory), per [`pagemap::private_runs`].
     Private,
     /// Every page (a boot-image window: its clean pages come from a file the snapshot
     /// does not reference).
@@ -160,9 +151,6 @@ fn copy_pages(
     which: Pages,
     skip_zero: &dyn Fn(u64) -> bool,
 ) -> io::Result<u64> {
-    let pagemap = File::open("/proc/self/pagemap")?;
-    let pages = region.size / PAGE;
-    let mut entries = vec![0u8; 8 * 4096];
     let mut written = 0;
     // A run of pages to copy, `[first, end)` in pages from the region's start: written
     // with one call from the mapping (the VM is paused, nothing writes it meanwhile).
@@ -170,8 +158,8 @@ fn copy_pages(
     let mut flush = |run: &mut Option<(u64, u64)>| -> io::Result<()> {
         if let Some((first, end)) = run.take() {
             let len = ((end - first) * PAGE) as usize;
-            // SAFETY: [first, end) pages lie inside the region's live mapping (end <= pages);
-            // the VM is paused so nothing writes them while they are read.
+            // SAFETY: [first, end) pages lie inside the region's live mapping (end <= its
+            // pages); the VM is paused so nothing writes them while they are read.
             let data = unsafe {
                 std::slice::from_raw_parts((region.host_addr + first * PAGE) as *const u8, len)
             };
@@ -180,17 +168,10 @@ fn copy_pages(
         }
         Ok(())
     };
-    let mut page = 0;
-    while page < pages {
-        let n = (pages - page).min(4096);
-        let bytes = &mut entries[..(8 * n) as usize];
-        if which == Pages::Private {
-            pagemap.read_exact_at(bytes, (region.host_addr / PAGE + page) * 8)?;
-        }
-        for (i, entry) in bytes.chunks_exact(8).enumerate() {
-            let index = page + i as u64;
-            let mut copy = which == Pages::All || is_private(entry);
-            if copy && skip_zero(region.gpa + index * PAGE) {
+    let mut candidates = |first: u64, end: u64| -> io::Result<ControlFlow<()>> {
+        for index in first..end {
+            let mut copy = true;
+            if skip_zero(region.gpa + index * PAGE) {
                 // SAFETY: inside the region's live mapping, as above.
                 let data = unsafe {
                     std::slice::from_raw_parts(
@@ -201,7 +182,7 @@ fn copy_pages(
                 copy = !is_zero(data);
             }
             match (copy, run) {
-                (true, Some((first, end))) if end == index => run = Some((first, index + 1)),
+                (true, Some((a, b))) if b == index => run = Some((a, index + 1)),
                 (true, _) => {
                     flush(&mut run)?;
                     run = Some((index, index + 1));
@@ -209,7 +190,15 @@ fn copy_pages(
                 (false, _) => flush(&mut run)?,
             }
         }
-        page += n;
+        Ok(ControlFlow::Continue(()))
+    };
+    match which {
+        Pages::All => {
+            let _ = candidates(0, region.size / PAGE)?;
+        }
+        Pages::Private => {
+            pagemap::private_runs(region.host_addr, region.size / PAGE * PAGE, &mut candidates)?;
+        }
     }
     flush(&mut run)?;
     Ok(written)
@@ -436,29 +425,19 @@ pub fn write_memory(regions: &[RegionInfo], ram: &RamFile, out: &File) -> io::Re
 }
 
 /// Whether the regions (RAM and boot-image windows) of a VM mapped private over a frozen
-/// template still read exactly the template: no page written since (per /proc/self/pagemap, no private page)
+/// template still read exactly the template: no page written since (no private page, per [`pagemap::private_runs`])
 /// and none discarded. Such a VM (e.g. one kept paused since its last clone) can be cloned
 /// again from the same template without a copy.
 pub fn matches_template(regions: &[RegionInfo], ram: &RamFile) -> io::Result<bool> {
     if ram.file.is_none() || ram.shared || !ram.discarded.is_empty() {
         return Ok(false);
     }
-    let pagemap = File::open("/proc/self/pagemap")?;
-    let mut entries = vec![0u8; 8 * 4096];
+    let mut unchanged = true;
     for r in regions.iter().filter(|r| r.kind != RegionKind::External) {
-        let pages = r.size / PAGE;
-        let mut page = 0;
-        while page < pages {
-            let n = (pages - page).min(4096);
-            let bytes = &mut entries[..(8 * n) as usize];
-            pagemap.read_exact_at(bytes, (r.host_addr / PAGE + page) * 8)?;
-            for (i, entry) in bytes.chunks_exact(8).enumerate() {
-                if !is_private(entry) {
-                    continue;
-                }
+        pagemap::private_runs(r.host_addr, r.size / PAGE * PAGE, &mut |first, end| {
+            for index in first..end {
                 // A page only read over a hole (or written back to zeros) still reads as
                 // the template there.
-                let index = page + i as u64;
                 let gpa = r.gpa + index * PAGE;
                 // SAFETY: inside the region's live mapping; the VM is paused.
                 let data = unsafe {
@@ -468,10 +447,14 @@ pub fn matches_template(regions: &[RegionInfo], ram: &RamFile) -> io::Result<boo
                     )
                 };
                 if !(ram.anon_holes.covers(gpa) && is_zero(data)) {
-                    return Ok(false);
+                    unchanged = false;
+                    return Ok(ControlFlow::Break(()));
                 }
             }
-            page += n;
+            Ok(ControlFlow::Continue(()))
+        })?;
+        if !unchanged {
+            return Ok(false);
         }
     }
     Ok(true)
