@@ -425,9 +425,9 @@ pub fn write_memory(regions: &[RegionInfo], ram: &RamFile, out: &File) -> io::Re
 }
 
 /// Whether the regions (RAM and boot-image windows) of a VM mapped private over a frozen
-/// template still read exactly the template: no page written since (no private page, per [`pagemap::private_runs`])
-/// and none discarded. Such a VM (e.g. one kept paused since its last clone) can be cloned
-/// again from the same template without a copy.
+/// template still read exactly the template: no page written since (no private page, per
+/// [`pagemap::private_runs`]) and none discarded. Such a VM (e.g. one kept paused since its
+/// last clone) can be cloned again from the same template without a copy.
 pub fn matches_template(regions: &[RegionInfo], ram: &RamFile) -> io::Result<bool> {
     if ram.file.is_none() || ram.shared || !ram.discarded.is_empty() {
         return Ok(false);
