@@ -115,26 +115,74 @@ static void run_parallel(struct probe_mailbox *mb, u32 op, u64 base, u64 len, u3
 }
 
 static u64 checksum(const volatile u8 *p, u64 len) {
-    u64 h = 0xcbf29ce484222325UL, i = 0;
-    for (; i + 8 <= len; i += 8) { h ^= *(const volatile u64 *)(p + i); h *= 0x100000001b3UL; }
+    u64 h = 0xcbf29ce484222325UL, i = len / 64 * 64, blocks = len / 64;
+    const u64 prime = 0x100000001b3UL;
+    if (blocks) {
+        /* The same FNV-1a over 64-bit words as below, 8 words a turn: 2 instructions a word
+           instead of ~6 (this host's KVM emulates every instruction of the probe). */
+        const void *s = (const void *)p;
+        __asm__ volatile(
+            "1:\n\t"
+            "xorq 0(%[s]), %[h]\n\t"  "imulq %[m], %[h]\n\t"
+            "xorq 8(%[s]), %[h]\n\t"  "imulq %[m], %[h]\n\t"
+            "xorq 16(%[s]), %[h]\n\t" "imulq %[m], %[h]\n\t"
+            "xorq 24(%[s]), %[h]\n\t" "imulq %[m], %[h]\n\t"
+            "xorq 32(%[s]), %[h]\n\t" "imulq %[m], %[h]\n\t"
+            "xorq 40(%[s]), %[h]\n\t" "imulq %[m], %[h]\n\t"
+            "xorq 48(%[s]), %[h]\n\t" "imulq %[m], %[h]\n\t"
+            "xorq 56(%[s]), %[h]\n\t" "imulq %[m], %[h]\n\t"
+            "addq $64, %[s]\n\t"
+            "decq %[n]\n\t"
+            "jnz 1b"
+            : [h] "+r"(h), [s] "+r"(s), [n] "+r"(blocks)
+            : [m] "r"(prime)
+            : "cc", "memory");
+    }
+    for (; i + 8 <= len; i += 8) { h ^= *(const volatile u64 *)(p + i); h *= prime; }
     if (i < len) {
         u64 w = 0;
         for (u64 k = 0; i + k < len; k++) w |= (u64)p[i + k] << (8 * k);
-        h ^= w; h *= 0x100000001b3UL;
+        h ^= w; h *= prime;
     }
     return h;
 }
 
+/* `rep stosq`: KVM's emulator runs its iterations without decoding each again, ~10x
+   faster here than a loop of stores. */
 static void fill(volatile u8 *p, u64 len, u8 byte) {
-    u64 w = byte * 0x0101010101010101UL, i = 0;
-    for (; i + 8 <= len; i += 8) *(volatile u64 *)(p + i) = w;
+    u64 w = byte * 0x0101010101010101UL, words = len / 8, i = words * 8;
+    void *d = (void *)p;
+    __asm__ volatile("rep stosq" : "+D"(d), "+c"(words) : "a"(w) : "memory");
     for (; i < len; i++) p[i] = byte;
 }
 
 /* Every word differs from every other (and does not compress): a page read back from
    the wrong place, or not at all, changes the checksum. */
 static void fill_addr(volatile u8 *p, u64 len) {
-    for (u64 i = 0; i + 8 <= len; i += 8)
+    u64 i = len / 64 * 64, blocks = len / 64;
+    if (blocks) {
+        /* Word k of the range holds (p + 8k) * MUL = the previous word's + 8 * MUL
+           (wrapping): 8 words a turn, 2 instructions a word. */
+        u64 v = (u64)p * FILL_ADDR_MUL, step = 8 * FILL_ADDR_MUL;
+        void *d = (void *)p;
+        __asm__ volatile(
+            "1:\n\t"
+            "movq %[v], 0(%[d])\n\t"  "addq %[st], %[v]\n\t"
+            "movq %[v], 8(%[d])\n\t"  "addq %[st], %[v]\n\t"
+            "movq %[v], 16(%[d])\n\t" "addq %[st], %[v]\n\t"
+            "movq %[v], 24(%[d])\n\t" "addq %[st], %[v]\n\t"
+            "movq %[v], 32(%[d])\n\t" "addq %[st], %[v]\n\t"
+            "movq %[v], 40(%[d])\n\t" "addq %[st], %[v]\n\t"
+            "movq %[v], 48(%[d])\n\t" "addq %[st], %[v]\n\t"
+            "movq %[v], 56(%[d])\n\t" "addq %[st], %[v]\n\t"
+            "addq $64, %[d]\n\t"
+            "decq %[n]\n\t"
+            "jnz 1b"
+            : [v] "+r"(v), [d] "+r"(d), [n] "+r"(blocks)
+            : [st] "r"(step)
+            : "cc", "memory");
+    }
+    for (; i + 8 <= len; i += 8)
         *(volatile u64 *)(p + i) = ((u64)(p + i)) * FILL_ADDR_MUL;
 }
 
