@@ -36,6 +36,43 @@ fn serial_output_carries_checksums_of_guest_writes() {
     );
 }
 
+/// The guest's range loops (a `rep stosq`, 8 words a turn) and their ends: lengths that
+/// are not multiples of 64 or 8, and a sum reaching past what was written.
+#[test]
+fn range_loops_are_exact_at_every_length() {
+    use densevm_probe::abi::FILL_ADDR_MUL;
+    let out = run_probe(&[
+        "--memory",
+        "64M",
+        "--probe",
+        "write ram 2M 4103 0x5c; sum ram 2M 4103; sum ram 2M 4200; \
+         fill-addr ram 3M 4104; sum ram 3M 4104; sum ram 3M 4101; exit 0",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "stderr: {}", stderr(&out));
+    let text = stdout(&out);
+    let mut written = vec![0x5c; 4103];
+    let expect = |line: String| assert!(text.contains(&line), "no `{line}` in: {text}");
+    expect(format!(
+        "sum ram 2M 4103 = {:016x}",
+        probe_checksum(&written)
+    ));
+    written.resize(4200, 0);
+    expect(format!(
+        "sum ram 2M 4200 = {:016x}",
+        probe_checksum(&written)
+    ));
+    let base = densevm_vmm::boot::probe::WORKLOAD_BASE + (3 << 20);
+    let words: Vec<u8> = (base..base + 4104)
+        .step_by(8)
+        .flat_map(|a| a.wrapping_mul(FILL_ADDR_MUL).to_le_bytes())
+        .collect();
+    expect(format!("sum ram 3M 4104 = {:016x}", probe_checksum(&words)));
+    expect(format!(
+        "sum ram 3M 4101 = {:016x}",
+        probe_checksum(&words[..4101])
+    ));
+}
+
 #[test]
 fn smp_guest_runs_on_every_vcpu() {
     let out = run_probe(&[
