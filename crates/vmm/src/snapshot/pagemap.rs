@@ -63,30 +63,21 @@ const SCAN_BATCH: usize = 256;
 /// Pagemap entries read per `pread` on the fallback path (a 32 KiB buffer).
 const READ_BATCH: u64 = 4096;
 
-/// How [`private_runs`] found the pages.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Method {
-    /// The `PAGEMAP_SCAN` ioctl.
-    Scan,
-    /// Reading `/proc/self/pagemap` (the kernel has no `PAGEMAP_SCAN`).
-    Read,
-}
-
 /// Calls `f(first, end)` for each run `[first, end)` (in pages from `addr`) of pages in
 /// `[addr, addr + len)` this process holds privately, in order, until `f` breaks.
-/// `addr` and `len` are page-aligned. Returns how the pages were found.
+/// `addr` and `len` are page-aligned.
 pub fn private_runs(
     addr: u64,
     len: u64,
     f: &mut dyn FnMut(u64, u64) -> io::Result<ControlFlow<()>>,
-) -> io::Result<Method> {
+) -> io::Result<()> {
     let pagemap = File::open("/proc/self/pagemap")?;
     match scan_runs(&pagemap, addr, len, f) {
-        Ok(()) => Ok(Method::Scan),
+        Ok(()) => Ok(()),
         // ENOTTY: no such ioctl before 6.7. EINVAL: a kernel that knows it but refuses this
         // form of the argument. Neither has called `f` (refused on the first call).
         Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTTY) | Some(libc::EINVAL)) => {
-            read_runs(&pagemap, addr, len, f).map(|()| Method::Read)
+            read_runs(&pagemap, addr, len, f)
         }
         Err(e) => Err(e),
     }
@@ -144,7 +135,7 @@ fn scan_runs(
 }
 
 /// [`private_runs`] by reading `/proc/self/pagemap`.
-pub(super) fn read_runs(
+fn read_runs(
     pagemap: &File,
     addr: u64,
     len: u64,
