@@ -2,7 +2,7 @@
 # project with its own workspace, so the dependency tree is built once; each target's
 # minimized corpus is committed in fuzz/corpus/<target>, and `cargo test` replays it.
 #   make test-fuzz   (in `make test`) builds the targets once and runs each for
-#                    TEST_FUZZ_SECONDS from its corpus into a scratch corpus that is removed
+#                    TEST_FUZZ_SECONDS (TEST_FUZZ_JOBS at a time, default 2) from its corpus into a scratch corpus that is removed
 #                    afterwards; fails on any panic, hang or out-of-memory, printing the reproducer
 #                    (kept in fuzz/artifacts/<target>/, not committed)
 #   make fuzz TARGET=virtio_net SECONDS=600   one campaign; new inputs go to

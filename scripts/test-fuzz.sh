@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Bounded fuzz runs for `make test` (mk/fuzz.mk): each target in turn, one job, for SECONDS
+# Bounded fuzz runs for `make test` (mk/fuzz.mk): each target, TEST_FUZZ_JOBS at a time, for SECONDS
 # from its committed corpus (fuzz/corpus/<target>) into a scratch corpus. The scratch
 # directory is also the targets' TMPDIR and is removed at the end, so a run leaves nothing
 # behind in the repository or the temp dir; a panic, a hang (10 s) or an out-of-memory (2 GiB) fails the
@@ -11,25 +11,29 @@ secs="$1"; shift
 bin="${FUZZ_BIN:-fuzz/target/x86_64-unknown-linux-gnu/release}"
 scratch="$(mktemp -d "${TMPDIR:-/tmp}/densevm-test-fuzz.XXXXXX")"
 trap 'rm -rf "$scratch"' EXIT
-failed=0; passed=0
-for t in "$@"; do
-  mkdir -p "$scratch/corpus/$t" "$scratch/artifacts/$t" "$scratch/tmp"
-  log="$scratch/$t.log"
-  seeds=(); [ -d "fuzz/corpus/$t" ] && seeds=("fuzz/corpus/$t")
-  TMPDIR="$scratch/tmp" "$bin/$t" "$scratch/corpus/$t" "${seeds[@]}" \
+# run_target T: one bounded run of target T; what it has to say goes to $scratch/T.report,
+# its verdict to $scratch/T.ok or $scratch/T.failed.
+run_target() {
+  local t="$1"
+  mkdir -p "$scratch/corpus/$t" "$scratch/artifacts/$t" "$scratch/tmp/$t"
+  local log="$scratch/$t.log" seeds=()
+  [ -d "fuzz/corpus/$t" ] && seeds=("fuzz/corpus/$t")
+  TMPDIR="$scratch/tmp/$t" "$bin/$t" "$scratch/corpus/$t" "${seeds[@]}" \
     -max_total_time="$secs" -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 \
     -artifact_prefix="$scratch/artifacts/$t/" >"$log" 2>&1
-  rc=$?
+  local rc=$?
+  local execs
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")
+  exec > "$scratch/$t.report"
   if [ "$rc" -eq 0 ]; then
-    passed=$((passed + 1))
+    : > "$scratch/$t.ok"
     echo "test-fuzz: $t: ok, ${execs:-?} executions in ${secs}s"
   else
-    failed=$((failed + 1))
+    : > "$scratch/$t.failed"
     mkdir -p "fuzz/artifacts/$t"
     cp "$scratch/artifacts/$t/"* "fuzz/artifacts/$t/" 2>/dev/null
     grep -E -A12 "panicked|ERROR: libFuzzer" "$log" | head -30
-    kept=0
+    local kept=0 a
     for a in "$scratch/artifacts/$t/"*; do
       [ -e "$a" ] || continue
       kept=1
@@ -38,6 +42,22 @@ for t in "$@"; do
     done
     [ "$kept" -eq 1 ] || echo "test-fuzz: $t FAILED (exit $rc), no reproducer written"
   fi
+}
+# TEST_FUZZ_JOBS targets at a time (default 2, one per core here; each fuzzer is one
+# process on one core, so two at once get as many executions each as one alone, in half
+# the wall time); reports in the order the targets were given.
+jobs="${TEST_FUZZ_JOBS:-2}"
+running=0
+for t in "$@"; do
+  if [ "$running" -ge "$jobs" ]; then wait -n; running=$((running - 1)); fi
+  run_target "$t" &
+  running=$((running + 1))
+done
+wait
+failed=0; passed=0
+for t in "$@"; do
+  cat "$scratch/$t.report" 2>/dev/null
+  if [ -e "$scratch/$t.ok" ]; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
 done
 echo "test-fuzz: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
