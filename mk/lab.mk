@@ -1,7 +1,7 @@
 # Nested lab and guest artifacts (issue 3). See README "Nested lab".
 #   make guest        L2 artifacts in build/guest/ (Debian kernel, vmlinux, initrd)
 #   make lab          boot the lab once and run LAB_SCRIPT (default: the QEMU L2 proof)
-#   make test-lab     every lab/tests/*.sh in its own lab run
+#   make test-lab     every lab/tests/*.sh (lab/test-all: most share one L1 boot)
 #   make bench-lab    boot-density benchmark: densevm vs QEMU (BENCH_VMMS, BENCH_COUNTS, BENCH_KSM)
 #   make bench-net    virtio-net (TCP both ways, ping rate) densevm vs QEMU; exec vs console
 #   make bench-virtio virtio devices, densevm vs QEMU: 9p tree copy, blk sequential and random
@@ -9,7 +9,7 @@
 LAB_DENSEVM ?= $(abspath $(or $(CARGO_TARGET_DIR),target))/release/densevm
 LAB_SCRIPT ?= lab/tests/qemu-l2-boot.sh
 LAB_TESTS ?= $(sort $(wildcard lab/tests/*.sh))
-# Limit for one lab test's whole L1 run: each test takes 0.5–9 minutes here (fleet-manager
+# Limit for one lab test (in L1, lab/test-all): each takes 0.3–9 minutes here (fleet-manager
 # 372–549 s in five CI runs), TCG runs everything slower on a loaded host, and a test's own
 # timeouts and lab/run's stall watch fire first; this is only the backstop.
 LAB_TEST_TIMEOUT ?= 900
@@ -22,12 +22,15 @@ guest: build
 lab: guest
 	DENSEVM=$(LAB_DENSEVM) lab/run $(LAB_SCRIPT)
 
-# Each test's output is kept in build/lab/tests/NAME.out; a failed test's last lines are
-# repeated at the end so that the tail of a CI log says why it failed. A run whose L1 died
-# before the script reported its exit code (QEMU or the L1 kernel crashed), whose L1 kernel
-# stalled (a CPU soft-locked, or an RCU stall, for LAB_STALL_S, see lab/run) or that hit its
-# L1 timeout is repeated, at most LAB_RETRIES times (default 2), saying so; a script's own
-# failure is not. Earlier attempts are kept in NAME.out.1, NAME.out.2.
+# lab/test-all runs the tests: those that take the default L1 share one L1 boot (its init
+# resets L1 between them, two self-tests check that), the rest get one each. Each test's
+# output is kept in build/lab/tests/NAME.out; a failed test's last lines are repeated at the
+# end so that the tail of a CI log says why it failed. A test that was running when its L1
+# died (QEMU or the L1 kernel crashed), stalled (a CPU soft-locked, or an RCU stall, for
+# LAB_STALL_S, see lab/run) or timed out, or that ran out of LAB_TEST_TIMEOUT, is repeated in
+# an L1 of its own, at most LAB_RETRIES times (default 2), saying so; a script's own failure
+# is not; tests that had not started yet go on in a fresh L1. Earlier attempts are kept in
+# NAME.out.1, NAME.out.2. LAB_BATCH=0 gives every test an L1 of its own.
 # Why L1 stops. Session 16 caught it in virtio-devices with QEMU's monitor (lab/run reads
 # L1's vCPUs before it stops QEMU; 4 of 4 attempts that day hung in 9p traffic, boot A's
 # tree copy or boot C's writes): an L1 vCPU spinning with RFLAGS.IF=0 on its own runqueue
@@ -55,26 +58,8 @@ lab: guest
 # (L2_CPUS, lab/lib/test-lib.sh) virtio-devices passed 3 of 3 run alone.
 LAB_RETRIES ?= 2
 test-lab: guest test-kernel-real
-	@mkdir -p build/lab/tests; failed=""; for t in $(LAB_TESTS); do \
-	  echo "== lab test $$t"; out=build/lab/tests/$$(basename $$t .sh).out; rm -f $$out.[0-9]; \
-	  attempt=0; while :; do \
-	    DENSEVM=$(LAB_DENSEVM) LAB_TIMEOUT=$(LAB_TEST_TIMEOUT) lab/run $$t 2>&1 | tee $$out; \
-	    grep -q -e "^lab: error: L1 ended" -e "^lab: error: L1 stalled" -e "^lab: error: L1 timed out" $$out || break; \
-	    attempt=$$((attempt + 1)); [ $$attempt -le $(LAB_RETRIES) ] || break; \
-	    cp $$out $$out.$$attempt; \
-	    echo "lab: L1 died, stalled or timed out before the script ended (kept in $$out.$$attempt); running $$t again ($$attempt of $(LAB_RETRIES))"; \
-	  done; \
-	  grep -q "^lab: script exited with 0 after" $$out || failed="$$failed $$t"; \
-	done; \
-	if [ -n "$$failed" ]; then \
-	  for t in $$failed; do \
-	    out=build/lab/tests/$$(basename $$t .sh).out; \
-	    echo "== why $$t failed ($$out):"; \
-	    grep -m 3 -e "^FAIL" -e "^lab: error" $$out; tail -n 16 $$out; \
-	  done; \
-	  echo "lab tests FAILED:$$failed"; exit 1; \
-	fi; \
-	echo "lab tests passed: $(words $(LAB_TESTS))"
+	DENSEVM=$(LAB_DENSEVM) LAB_RETRIES=$(LAB_RETRIES) LAB_TEST_TIMEOUT=$(LAB_TEST_TIMEOUT) \
+	  lab/test-all $(LAB_TESTS)
 
 # Checks densevm-kernel against the real Debian bzImage and vmlinux.
 test-kernel-real: guest
