@@ -130,7 +130,9 @@ fn snapshots_restores_clones_and_budget_changes_of_a_tiered_vm() {
     let tmp = TempDir::new("tier-probe");
     let console = tmp.join("parent.console");
     let sock = tmp.join("api.sock");
-    let script = "fill-addr ram 8M 24M; sleep 60000; sum ram 8M 24M; exit 4";
+    // The parent is paused as soon as it sleeps (a paused VM's sleep stands still) and
+    // resumed after the clone, so its 10 s only have to outlast the `vm pause` call.
+    let script = "fill-addr ram 8M 24M; sleep 10000; sum ram 8M 24M; exit 4";
     let mut parent = densevm()
         .args(["run", "--memory", "48M", "--memory-budget", "12M"])
         .args(["--timeout", "900", "--probe", script, "--api-sock"])
@@ -139,10 +141,12 @@ fn snapshots_restores_clones_and_budget_changes_of_a_tiered_vm() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    wait_for(&console, "sleep 60000 ms");
+    wait_for(&console, "sleep 10000 ms");
+    vm(&["pause"], &sock);
     let want = fill_addr_sum(8 * MIB, 24 * MIB);
 
-    // A lower budget: pages leave until RAM is within it (plus the 1 MiB slack).
+    // A lower budget: pages leave until RAM is within it (plus the 1 MiB slack), also while
+    // the VM is paused.
     let out = vm(&["memory-tier", "--budget", "6M", "--json"], &sock);
     let t: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(t["budget_mib"], 6, "{out}");
@@ -165,9 +169,9 @@ fn snapshots_restores_clones_and_budget_changes_of_a_tiered_vm() {
     let snap = tmp.join("snap");
     vm(&["snapshot", "--dir", snap.to_str().unwrap()], &sock);
 
-    // A clone with a budget, while the parent still sleeps: the template gets every page
-    // back first; the clone reads its RAM from the template under its own 8M budget and
-    // sums right, and the parent runs on without a tier.
+    // A clone with a budget, while the parent is paused in its sleep: the template gets
+    // every page back first; the clone reads its RAM from the template under its own 8M
+    // budget and sums right, and the parent (resumed below) runs on without a tier.
     let tpl = tmp.join("tpl");
     let out = vm(
         &[
@@ -203,6 +207,7 @@ fn snapshots_restores_clones_and_budget_changes_of_a_tiered_vm() {
         .unwrap();
     assert!(!bad.status.success());
     assert!(stderr(&bad).contains("no memory tier"), "{}", stderr(&bad));
+    vm(&["resume"], &sock);
 
     // A restore under a budget (RAM filled from the snapshot on first access, 8M of it at
     // most in DRAM), alongside a plain one (RAM private over the snapshot's file); slow on
