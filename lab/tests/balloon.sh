@@ -1,4 +1,5 @@
 #!/bin/sh
+# lab-seconds: 160 (a lab run's, 2026-12-07, 155 s: lab/test-all deals the tests to its lanes by it)
 # virtio-balloon with the stock Debian guest (issue #12), one L1 boot, one L2:
 # `densevm run --balloon amount_mib=0,deflate_on_oom,stats_interval_s=1,free_page_reporting=on
 # --api-sock` with 512 MiB of RAM, a read-only sparse 320 MiB disk and a shell on its console.
@@ -98,7 +99,9 @@ echo "a. after rm: VMM RSS $(mib "$r1") -> $(mib "$r2") MiB (-$(mib $((r1 - r2))
 echo "ok: free page reporting gave back $(mib $((r1 - r2))) MiB of 200 MiB in ${el} s"
 
 # b. Inflate to half of RAM, deflate.
-ask 'echo C-$(cat /dev/vda | wc -c)' 'C-335544320' 300
+# dd with 1 MiB reads, not `cat | wc -c`: no copy through a pipe, and larger requests (under
+# nested TCG this read took 105 s of the test's 248 with cat, 29 s of 155 with dd).
+ask 'echo C-$(dd if=/dev/vda of=/dev/null bs=1M 2>&1 | tail -n 1 | tr " " _)' 'C-320+0_records_out' 300
 r3=$(rss_kb)
 echo "b. guest page cache filled from the disk: VMM RSS $(mib "$r3") MiB"
 densevm vm balloon --api-sock "$W/api.sock" --amount-mib 256 || fail "PATCH /balloon 256"
