@@ -1,7 +1,8 @@
 # Nested lab and guest artifacts (issue 3). See README "Nested lab".
 #   make guest        L2 artifacts in build/guest/ (Debian kernel, vmlinux, initrd)
 #   make lab          boot the lab once and run LAB_SCRIPT (default: the QEMU L2 proof)
-#   make test-lab     every lab/tests/*.sh (lab/test-all: most share one L1 boot)
+#   make test-lab     every lab/tests/*.sh (lab/test-all: two L1s at once, most tests
+#                     share their lane's L1 boot)
 #   make bench-lab    boot-density benchmark: densevm vs QEMU (BENCH_VMMS, BENCH_COUNTS, BENCH_KSM)
 #   make bench-net    virtio-net (TCP both ways, ping rate) densevm vs QEMU; exec vs console
 #   make bench-virtio virtio devices, densevm vs QEMU: 9p tree copy, blk sequential and random
@@ -22,8 +23,9 @@ guest: build
 lab: guest
 	DENSEVM=$(LAB_DENSEVM) lab/run $(LAB_SCRIPT)
 
-# lab/test-all runs the tests: those that take the default L1 share one L1 boot (its init
-# resets L1 between them, two self-tests check that), the rest get one each. Each test's
+# lab/test-all runs the tests in LAB_JOBS (default 2) lanes at once, dealt out by their
+# "# lab-seconds:" lines: in a lane, those that take the default L1 share one L1 boot (its
+# init resets L1 between them, two self-tests check that), the rest get one each. Each test's
 # output is kept in build/lab/tests/NAME.out; a failed test's last lines are repeated at the
 # end so that the tail of a CI log says why it failed. A test that was running when its L1
 # died (QEMU or the L1 kernel crashed), stalled (a CPU soft-locked, or an RCU stall, for
@@ -57,9 +59,10 @@ lab: guest
 # CPUs while one runs L2 are what this test does most; with the VMM pinned to one L1 CPU
 # (L2_CPUS, lab/lib/test-lib.sh) virtio-devices passed 3 of 3 run alone.
 LAB_RETRIES ?= 2
+LAB_JOBS ?= 2
 test-lab: guest test-kernel-real
 	DENSEVM=$(LAB_DENSEVM) LAB_RETRIES=$(LAB_RETRIES) LAB_TEST_TIMEOUT=$(LAB_TEST_TIMEOUT) \
-	  lab/test-all $(LAB_TESTS)
+	  LAB_JOBS=$(LAB_JOBS) lab/test-all $(LAB_TESTS)
 
 # Checks densevm-kernel against the real Debian bzImage and vmlinux.
 test-kernel-real: guest
