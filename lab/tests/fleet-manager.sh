@@ -243,11 +243,15 @@ while :; do
   sleep 2
 done
 [ $off -ge 96 ] || fail "the low VMs hold only $off MiB of page cache each: L1 has too little memory for the scenario"
+# At least HI_BALLOON: on a slow host the fill outlasts the policy's squeeze period (300
+# ticks), and its periodic squeeze of the idle hi inflates it further (a CI run with two L1s
+# at once: 384 MiB), which the workload below must undo all the same.
 i=0
-while [ "$(balloon_actual hi)" != $HI_BALLOON ]; do
+until a=$(balloon_actual hi); [ -n "$a" ] && [ "$a" -ge $HI_BALLOON ]; do
   i=$((i + 1)); [ $i -lt 240 ] || fail "hi's balloon did not reach $HI_BALLOON MiB in 120 s: $(cat "$W/b.json")"
   sleep 0.5
 done
+hi_b0=$a
 sleep 12 # the low VMs become idle for the policy (10 ticks under --idle-cpu-pct)
 table
 metrics
@@ -299,7 +303,7 @@ inflates=$(($(actions inflate make_room) + $(actions inflate host_low_memory) + 
 [ "$deflates" -ge 1 ] || fail "the policy never deflated hi's balloon (guest_short)"
 [ "$inflates" -gt "$before_in" ] || fail "the policy inflated no low VM during the workload"
 hi_b=$(field hi balloon_mib)
-[ "$hi_b" -lt $HI_BALLOON ] || fail "hi's balloon is still $hi_b MiB"
+[ "$hi_b" -lt "$hi_b0" ] || fail "hi's balloon is still $hi_b MiB"
 low_sum=0
 for vm in $VMS; do
   t=$(field $vm balloon_mib)
@@ -315,7 +319,7 @@ for vm in $VMS; do
   [ $vm = hi ] || low_sum=$((low_sum + t))
 done
 [ $low_sum -ge 128 ] || fail "the low VMs gave only $low_sum MiB through their balloons"
-echo "balloons: hi deflated $HI_BALLOON -> $hi_b MiB ($deflates guest_short deflates); low VMs inflated to $low_sum MiB in all ($((inflates - before_in)) inflates during the workload)"
+echo "balloons: hi deflated $hi_b0 -> $hi_b MiB ($deflates guest_short deflates); low VMs inflated to $low_sum MiB in all ($((inflates - before_in)) inflates during the workload)"
 # No OOM kill anywhere.
 for vm in $VMS; do ask $vm ooms OOMS-0-0-END 60; done
 l1_oom=$(($(awk '/^oom_kill / { print $2 }' /proc/vmstat) - ooms0))
