@@ -27,8 +27,9 @@ lab: guest
 # lines. One by default: two lanes ended the lab in 27.7 and 27.9 minutes against 31.7, but
 # slowed every test 1.3-2.3x, and in the second run an L1 stalled (its test passed again)
 # and fleet-manager took 787 s against 384 (a race it had with the policy's squeeze is
-# mended), too much risk for 4 minutes of CI. In a lane, those that take the default L1 share one L1 boot (its
-# init resets L1 between them, two self-tests check that), the rest get one each. Each test's
+# mended), too much risk for 4 minutes of CI. In a lane, those that take the default L1
+# share one L1 boot (its init resets L1 between them, two self-tests check that), the rest
+# get one each. Each test's
 # output is kept in build/lab/tests/NAME.out; a failed test's last lines are repeated at the
 # end so that the tail of a CI log says why it failed. A test that was running when its L1
 # died (QEMU or the L1 kernel crashed), stalled (a CPU soft-locked, or an RCU stall, for

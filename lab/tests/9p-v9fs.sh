@@ -1,5 +1,5 @@
 #!/bin/sh
-# lab-seconds: 42 (a CI run's, 2026-12-07: lab/test-all deals the tests to its lanes by it)
+# lab-seconds: 42
 # Lab test: the Linux v9fs kernel client in L1 mounts `densevm 9p serve` over
 # trans=unix (9P2000.L) and runs a small workload: tree copy, find, stat storm,
 # rename/unlink, open-unlink-read, xattrs and locks. Every step is checked

@@ -1,5 +1,5 @@
 #!/bin/sh
-# lab-seconds: 160 (a lab run's, 2026-12-07, 155 s: lab/test-all deals the tests to its lanes by it)
+# lab-seconds: 160
 # virtio-balloon with the stock Debian guest (issue #12), one L1 boot, one L2:
 # `densevm run --balloon amount_mib=0,deflate_on_oom,stats_interval_s=1,free_page_reporting=on
 # --api-sock` with 512 MiB of RAM, a read-only sparse 320 MiB disk and a shell on its console.

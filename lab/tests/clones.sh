@@ -1,5 +1,5 @@
 #!/bin/sh
-# lab-seconds: 58 (a CI run's, 2026-12-07: lab/test-all deals the tests to its lanes by it)
+# lab-seconds: 58
 # Fork-on-write clones of a running Linux VM (issue #11), one L1 boot:
 # a stock Debian L2 with a writable pcow disk, a read-only raw disk, a 9p share (mounted,
 # a file held open), virtio-rng, an API socket and a console socket runs a shell on its

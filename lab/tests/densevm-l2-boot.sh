@@ -1,5 +1,5 @@
 #!/bin/sh
-# lab-seconds: 129 (a CI run's, 2026-12-07: lab/test-all deals the tests to its lanes by it)
+# lab-seconds: 129
 # densevm boots the stock Debian kernel in the nested lab (issue 3).
 # Checks: PVH boot of the ELF vmlinux with 2 vCPUs reaches init and powers off with exit
 # code 0; the bzImage path does the same; two VMs mapping the same vmlinux share its pages,

@@ -1,5 +1,5 @@
 #!/bin/sh
-# lab-seconds: 384 (a CI run's, 2026-12-07: lab/test-all deals the tests to its lanes by it)
+# lab-seconds: 384
 # lab-mem: 2G
 # The fleet's memory manager (issue #12, "Done means": manager), one L1 boot. The line above
 # makes lab/run give this L1 2 GiB (-m 2G), less than the sum of the VMs' sizes below.

@@ -1,5 +1,5 @@
 #!/bin/sh
-# lab-seconds: 49 (a CI run's, 2026-12-07: lab/test-all deals the tests to its lanes by it)
+# lab-seconds: 49
 # densevm run --jail (issue #16 item 2) with the stock Debian guest, in one L1 boot:
 #  - L1 mounts cgroup v2 (the jail's cgroup goes to /sys/fs/cgroup/densevm/lab);
 #  - a Linux VM boots jailed as uid/gid 64200 (no passwd entry) with a 9p share (owned by

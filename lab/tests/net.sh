@@ -1,5 +1,5 @@
 #!/bin/sh
-# lab-seconds: 72 (a CI run's, 2026-12-07: lab/test-all deals the tests to its lanes by it)
+# lab-seconds: 72
 # virtio-net on a tap (densevm run --net), stock Debian guest, one L2 boot:
 #  - bad --net options fail before a VM exists: a missing tap names `ip tuntap add`;
 #  - L1 makes tap0 (192.168.77.1/24) and serves a 4 MiB random file with busybox httpd;

@@ -1,5 +1,5 @@
 #!/bin/sh
-# lab-seconds: 118 (a CI run's, 2026-12-07: lab/test-all deals the tests to its lanes by it)
+# lab-seconds: 118
 # Clones of a running Linux VM with a DAX filesystem on virtio-pmem (issue #11 with --pmem),
 # one L1 boot, one L2 boot. A stock Debian L2 boots with --pmem fs.pcow (a pcow image),
 # makes ext4 on /dev/pmem0, mounts it with -o dax and runs a shell on its console socket.

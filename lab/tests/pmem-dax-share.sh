@@ -1,5 +1,5 @@
 #!/bin/sh
-# lab-seconds: 70 (a CI run's, 2026-12-07: lab/test-all deals the tests to its lanes by it)
+# lab-seconds: 70
 # Two VMs share one filesystem image through the host page cache (mission item 3). A first
 # VM puts an ext2 filesystem with an 8 MiB file into base.pcow. Two VMs then boot with
 # overlays on that base, mount their /dev/pmem0 read-only with -o dax, read the file and

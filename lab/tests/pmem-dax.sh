@@ -1,5 +1,5 @@
 #!/bin/sh
-# lab-seconds: 45 (a CI run's, 2026-12-07: lab/test-all deals the tests to its lanes by it)
+# lab-seconds: 45
 # A guest filesystem on DAX pmem backed by a host pcow file (mission item 3: page-cache
 # sharing instead of double caching). Linux formats /dev/pmem0 (ext2, 4 KiB blocks), mounts
 # it with -o dax, writes and reads an 8 MiB file: with DAX the guest page cache must not

@@ -1,5 +1,5 @@
 #!/bin/sh
-# lab-seconds: 48 (a CI run's, 2026-12-07: lab/test-all deals the tests to its lanes by it)
+# lab-seconds: 48
 # A Linux guest writes a pcow image through persistent memory (issue 5's "later issue":
 # --pmem as a virtio-pmem device, /dev/pmem0 through the kernel's virtio_pmem + nd_pmem).
 # The image is an overlay on a base that a probe guest filled: Linux must read the base's

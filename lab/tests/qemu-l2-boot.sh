@@ -1,5 +1,5 @@
 #!/bin/sh
-# lab-seconds: 29 (a CI run's, 2026-12-07: lab/test-all deals the tests to its lanes by it)
+# lab-seconds: 29
 # Lab proof: QEMU 7.2 with KVM inside L1 boots the stock Debian L2 kernel (bzImage)
 # with the densevm guest initrd; init must print DENSEVM-GUEST-INIT and power off.
 . "$LAB_SRC/lib/test-lib.sh"

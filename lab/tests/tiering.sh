@@ -1,5 +1,5 @@
 #!/bin/sh
-# lab-seconds: 213 (a CI run's, 2026-12-07: lab/test-all deals the tests to its lanes by it)
+# lab-seconds: 213
 # lab-disk: 1G
 # Memory tiering with the stock Debian guest (issue #13), one L1 boot, one L2:
 # `densevm run --memory 256M --cpus 2 --memory-budget 128M,...` (a DRAM budget of half its

@@ -1,5 +1,5 @@
 #!/bin/sh
-# lab-seconds: 189 (a CI run's, 2026-12-07: lab/test-all deals the tests to its lanes by it)
+# lab-seconds: 189
 # densevm's virtio-pci devices with the stock Debian guest: one L1 boot, three L2 boots.
 #  A. --share (virtio-9p), --disk (virtio-blk: raw, pcow, read-only), --rng (virtio-rng):
 #     the guest copies a 1,000-file tree out of the share into its tmpfs (checksums must

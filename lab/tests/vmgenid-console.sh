@@ -1,5 +1,5 @@
 #!/bin/sh
-# lab-seconds: 58 (a CI run's, 2026-12-07: lab/test-all deals the tests to its lanes by it)
+# lab-seconds: 58
 # VM generation ID and console input (issue #11 item 5).
 # Checks: the Debian guest binds densevm's VMGenID device (vmgenid driver on QEMUVGID:00)
 # and its ACPI Generic Event Device (acpi-ged on ACPI0013:00, "ACPI:Ged" in

@@ -1,5 +1,5 @@
 #!/bin/sh
-# lab-seconds: 68 (a CI run's, 2026-12-07: lab/test-all deals the tests to its lanes by it)
+# lab-seconds: 68
 # virtio-vsock and the guest agent (issue #14 part 2): a stock Debian L2 with
 # `--vsock cid=3,uds=...` boots with `densevm.agent` (init loads the vsock modules and
 # starts /bin/densevm-agent on port 52), then `densevm exec --api-sock` runs:
