@@ -107,8 +107,18 @@ bench-net: guest
 	DENSEVM=$(LAB_DENSEVM) LAB_TIMEOUT=$${LAB_TIMEOUT:-1800} lab/run lab/bench/net.sh > build/lab/net.txt; \
 	  status=$$?; cat build/lab/net.txt; exit $$status
 
+# make bench-l2-boot: the Debian L2's boot time and L1 KVM's exit counts for it
+# (BENCH_L2BOOT_N boots; BENCH_L2BOOT_ALT=/lab/extra/NAME with LAB_EXTRA=path/NAME boots
+# another densevm binary in turn, for before/after pairs). Results also land in
+# build/lab/l2-boot.txt.
+.PHONY: bench-l2-boot
+bench-l2-boot: guest
+	@mkdir -p build/lab
+	DENSEVM=$(LAB_DENSEVM) LAB_TIMEOUT=$${LAB_TIMEOUT:-1200} lab/run lab/bench/l2-boot.sh > build/lab/l2-boot.txt; \
+	  status=$$?; cat build/lab/l2-boot.txt; exit $$status
+
 TEST_TARGETS += test-lab
-BENCH_TARGETS += bench-lab bench-virtio bench-clones bench-net
+BENCH_TARGETS += bench-lab bench-virtio bench-clones bench-net bench-l2-boot
 
 # make bench-density: how many idle 256 MiB VMs running the same workload one L1 holds
 # before its MemAvailable falls under 256 MiB, QEMU 7.2 (free-page-reporting=on) against the

@@ -2,7 +2,9 @@
 # lab-seconds: 129
 # densevm boots the stock Debian kernel in the nested lab (issue 3).
 # Checks: PVH boot of the ELF vmlinux with 2 vCPUs reaches init and powers off with exit
-# code 0; the bzImage path does the same; two VMs mapping the same vmlinux share its pages,
+# code 0, having found densevm's MP table at 0x9fc00; the bzImage path does the same; with
+# `acpi=off` the guest finds its 2 CPUs and the IOAPIC in the MP table alone (its serial
+# console works: ISA IRQ 4 on IOAPIC pin 4); two VMs mapping the same vmlinux share its pages,
 # through the page cache and, with ksmd on, through KSM (`--merge boot`; `--merge off` is the control).
 . "$LAB_SRC/lib/test-lib.sh"
 need_cmd densevm
@@ -11,7 +13,9 @@ need_file "$GUEST_VMLINUX" "$GUEST_BZIMAGE" "$GUEST_INITRD"
 CMDLINE="console=ttyS0 panic=-1 quiet"
 
 # The guest reports how many CPUs it runs on (init runs this script, then powers off).
-CPU_SCRIPT=$(printf 'echo DENSEVM-CPUS=$(grep -c ^processor /proc/cpuinfo)\n' | base64 | tr -d '\n')
+CPU_SCRIPT=$(printf '%s\n' 'echo DENSEVM-CPUS=$(grep -c ^processor /proc/cpuinfo)' \
+  'echo DENSEVM-MPTABLE=$(dmesg | grep -c "found SMP MP-table at .mem 0x0009fc00-")' \
+  'echo DENSEVM-IOAPIC=$(dmesg | grep -c "IOAPIC.0.: apic_id 2,")' | base64 | tr -d '\n')
 
 boot() { # boot NAME KERNEL : one VM to poweroff, 2 vCPUs
   log="/tmp/$1.log"
@@ -25,9 +29,23 @@ boot() { # boot NAME KERNEL : one VM to poweroff, 2 vCPUs
   grep -q DENSEVM-GUEST-INIT "$log" || fail "$1: no DENSEVM-GUEST-INIT"
   grep -q 'DENSEVM-CPUS=2' "$log" || fail "$1: the guest does not see 2 CPUs"
   grep -q '^linux_init ' "$log" || fail "$1: no linux_init trace point (init's port 0x502 mark)"
+  grep -q 'DENSEVM-MPTABLE=1' "$log" || fail "$1: the guest did not find the MP table at 0x9fc00"
 }
 boot pvh "$GUEST_VMLINUX"
 boot bzimage "$GUEST_BZIMAGE"
+
+# acpi=off: no MADT, so the CPUs and the IOAPIC come from the MP table; the guest cannot
+# power off without ACPI (it halts), so the VM is killed once the guest has reported.
+log=/tmp/acpi-off.log
+densevm run --kernel "$GUEST_VMLINUX" --initrd "$GUEST_INITRD" --memory 256M --cpus 2 \
+  --cmdline "$CMDLINE acpi=off densevm.script=$CPU_SCRIPT" > "$log" 2>&1 &
+off_pid=$!
+wait_for_line "$log" DENSEVM-IOAPIC= 600
+kill -9 "$off_pid" 2>/dev/null; wait "$off_pid" 2>/dev/null
+echo "--- acpi=off ---"; tail -n 4 "$log"
+grep -q 'DENSEVM-CPUS=2' "$log" || fail "acpi=off: the guest does not see 2 CPUs (MP table processor entries)"
+grep -q 'DENSEVM-MPTABLE=1' "$log" || fail "acpi=off: the guest did not find the MP table"
+grep -q 'DENSEVM-IOAPIC=1' "$log" || fail "acpi=off: the guest did not find the IOAPIC (id 2) in the MP table"
 
 # Sharing. Three held VMs on one vmlinux: two with the default `--merge boot`, one with
 # `--merge off` as the control. ksmd stays off until the first measurement.

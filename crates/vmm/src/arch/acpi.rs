@@ -32,6 +32,11 @@ pub const IOAPIC_ADDR: u32 = 0xfec0_0000;
 /// The local APIC's MMIO base.
 pub const LAPIC_ADDR: u32 = 0xfee0_0000;
 
+/// The IOAPIC's id: the first after the vCPUs' local APIC ids (the MADT and the MP table).
+pub fn ioapic_id(cpus: u32) -> u8 {
+    cpus as u8
+}
+
 const COM1_PORT: u16 = 0x3f8;
 const COM1_IRQ: u32 = 4;
 const OEM_ID: [u8; 6] = *b"DNSEVM";
@@ -139,7 +144,7 @@ pub fn build_tables(cpus: u32) -> Vec<(u64, Vec<u8>)> {
             EnabledStatus::Enabled,
         ));
     }
-    madt.add_structure(IoApic::new(cpus as u8, IOAPIC_ADDR, 0));
+    madt.add_structure(IoApic::new(ioapic_id(cpus), IOAPIC_ADDR, 0));
     let madt_bytes = bytes(&madt);
     let madt_addr = place(madt_bytes.len());
 

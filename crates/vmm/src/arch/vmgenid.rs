@@ -14,8 +14,9 @@
 //! Where the ID lives: [`VMGENID_ADDR`], the last page of the 64 KiB below 0xf0000 in the
 //! area `boot/linux.rs` reserves in the e820 map for the ACPI tables
 //! (`acpi::RSDP_ADDR..acpi::ACPI_AREA_END`, type 2). Linux never allocates reserved memory
-//! and maps the ID with `memremap(MEMREMAP_WB)`; the tables are placed from 0xe0040 and
-//! `acpi::build_tables` keeps them below this page. 0xe0000–0xeffff is outside the ranges
+//! and maps the ID with `memremap(MEMREMAP_WB)`; the tables (ACPI's, then the MP
+//! configuration table) are placed from 0xe0040 and `arch::firmware_tables` keeps them
+//! below this page. 0xe0000–0xeffff is outside the ranges
 //! Linux scans for MP (0xf0000–0xfffff, the EBDA) and SMBIOS/DMI (0xf0000–0xfffff)
 //! signatures, so random bytes there can never be mistaken for a firmware table.
 

@@ -6,7 +6,7 @@
 //! memory lies outside it.
 
 use super::EntryState;
-use crate::arch::{acpi, gdt, paging, regs};
+use crate::arch::{acpi, firmware_tables, gdt, paging, regs};
 use crate::config::BootImages;
 use crate::memory::{ram_with_windows, Backing, RegionSpec};
 use densevm_kernel::{parse_elf, read_bzimage_header};
@@ -385,7 +385,7 @@ pub fn write_boot_data(
         mem.write_slice(view.bytes(), GuestAddress(gpa))?;
     }
     write_cmdline(mem, cmdline)?;
-    for (addr, table) in acpi::build_tables(cpus) {
+    for (addr, table) in firmware_tables(cpus) {
         mem.write_slice(&table, GuestAddress(addr))?;
     }
     gdt::write_boot_gdt(mem)?;
