@@ -17,7 +17,7 @@
 # cost executions and a C toolchain that can link its runtime.
 FUZZ_TARGETS := api_request balloon codec open_image snapshot_state virtqueue \
 	virtio_net virtio_pci virtio_pmem virtio_vsock
-TEST_FUZZ_SECONDS ?= 20
+TEST_FUZZ_SECONDS ?= 10
 SECONDS ?= 60
 FUZZ_TARGET_DIR ?= $(CURDIR)/fuzz/target
 FUZZ_BIN = $(FUZZ_TARGET_DIR)/x86_64-unknown-linux-gnu/release

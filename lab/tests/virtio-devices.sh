@@ -2,7 +2,7 @@
 # lab-seconds: 189
 # densevm's virtio-pci devices with the stock Debian guest: one L1 boot, three L2 boots.
 #  A. --share (virtio-9p), --disk (virtio-blk: raw, pcow, read-only), --rng (virtio-rng):
-#     the guest copies a 1,000-file tree out of the share into its tmpfs (checksums must
+#     the guest copies a 400-file tree out of the share into its tmpfs (checksums must
 #     match L1's), cannot write to a read-only share or disk, reads 64 bytes from /dev/hwrng,
 #     and makes ext4 on the raw and the pcow disk and fills it; after the VM, e2fsck -fn (the
 #     pcow image converted to raw) is clean, `densevm image check` is clean, and debugfs
@@ -74,7 +74,7 @@ same() { # same WHAT EXPECTED ACTUAL
 
 # ---- A. 9p, blk, rng --------------------------------------------------------------------
 RAW_SECTORS=262144 PCOW_SECTORS=524288 RO_SECTORS=32768 # 128M, 256M, 16M
-make_tree share/tree 1000 8192 7
+make_tree share/tree 400 8192 7
 mkdir -p ro && echo "hello from L1" > ro/hello
 truncate -s 128M disk.raw || fail "truncate disk.raw"
 new_image disk.pcow 256M
@@ -141,7 +141,7 @@ case "$(guest_value "$log" RNG-CURRENT)" in virtio*) echo "ok: the guest's hw_ra
 [ -z "$(guest_value "$log" RNG-REPEATS)" ] || fail "two reads of /dev/hwrng returned the same 64 bytes"
 echo "ok: hwrng bytes are not zeros and not repeated"
 # 9p
-same "9p: the guest copied 1000 files out of the share" 1000 "$(guest_value "$log" TREE-FILES)"
+same "9p: the guest copied 400 files out of the share" 400 "$(guest_value "$log" TREE-FILES)"
 same "9p: the guest's checksums of its copy match L1's ($(guest_value "$log" TREE-COPY-S) s)" "$tree_host" "$(guest_value "$log" TREE-SUM)"
 same "9p: a read-only share reads" "hello from L1" "$(guest_value "$log" RO-SHARE-READ)"
 same "9p: a read-only share refuses writes" refused "$(guest_value "$log" RO-SHARE-WRITE)"
