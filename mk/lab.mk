@@ -109,7 +109,8 @@ bench-net: guest
 
 # make bench-l2-boot: the Debian L2's boot time and L1 KVM's exit counts for it
 # (BENCH_L2BOOT_N boots; BENCH_L2BOOT_ALT=/lab/extra/NAME with LAB_EXTRA=path/NAME boots
-# another densevm binary in turn, for before/after pairs). Results also land in
+# another densevm binary in turn, for before/after pairs; BENCH_L2BOOT_ALT_APPEND boots with
+# extra kernel parameters in turn). Results also land in
 # build/lab/l2-boot.txt.
 .PHONY: bench-l2-boot
 bench-l2-boot: guest

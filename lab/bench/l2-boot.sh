@@ -6,13 +6,14 @@
 # port I/O exits, intercepted `invlpg`s, shadow page faults fixed), read from debugfs.
 # BENCH_L2BOOT_ALT=/lab/extra/NAME (a densevm binary passed with LAB_EXTRA) boots that
 # binary too, taking turns with the built one, for before/after pairs in one L1.
-# BENCH_L2BOOT_APPEND adds kernel parameters to every boot.
+# BENCH_L2BOOT_APPEND adds kernel parameters to every boot; BENCH_L2BOOT_ALT_APPEND to the
+# alternate's boots only (without BENCH_L2BOOT_ALT the alternate is the built binary: pairs
+# of boots with and without the parameters).
 . "$LAB_SRC/lib/test-lib.sh"
 need_l2_densevm
 mount -t debugfs nodev /sys/kernel/debug 2>/dev/null
 [ -d /sys/kernel/debug/kvm ] || fail "no /sys/kernel/debug/kvm in L1 (debugfs)"
 L2_MODULES=virtio_pci
-L2_APPEND="${BENCH_L2BOOT_APPEND:-}"
 mkdir -p /tmp/l2boot/built /tmp/l2boot/alt
 cp "$(command -v densevm)" /tmp/l2boot/built/densevm
 variants=built
@@ -20,11 +21,16 @@ if [ -n "${BENCH_L2BOOT_ALT:-}" ]; then
   need_file "$BENCH_L2BOOT_ALT"
   cp "$BENCH_L2BOOT_ALT" /tmp/l2boot/alt/densevm && chmod +x /tmp/l2boot/alt/densevm
   variants="built alt"
+elif [ -n "${BENCH_L2BOOT_ALT_APPEND:-}" ]; then
+  cp /tmp/l2boot/built/densevm /tmp/l2boot/alt/densevm
+  variants="built alt"
 fi
 i=0
 while [ "$i" -lt "${BENCH_L2BOOT_N:-3}" ]; do
   i=$((i + 1))
   for v in $variants; do
+    L2_APPEND="${BENCH_L2BOOT_APPEND:-}"
+    [ "$v" = alt ] && L2_APPEND="$L2_APPEND ${BENCH_L2BOOT_ALT_APPEND:-}"
     t0=$(uptime_s)
     PATH=/tmp/l2boot/$v:$PATH l2_start /tmp/l2boot/vm.log "$GUEST_INITRD" \
       'echo DENSEVM-UPTIME=$(cut -d" " -f1 /proc/uptime)
