@@ -1,5 +1,5 @@
 #!/bin/sh
-# lab-seconds: 129
+# lab-seconds: 147
 # densevm boots the stock Debian kernel in the nested lab (issue 3).
 # Checks: PVH boot of the ELF vmlinux with 2 vCPUs reaches init and powers off with exit
 # code 0, having found densevm's MP table at 0x9fc00; the bzImage path does the same; with
@@ -34,8 +34,8 @@ boot() { # boot NAME KERNEL : one VM to poweroff, 2 vCPUs
 boot pvh "$GUEST_VMLINUX"
 boot bzimage "$GUEST_BZIMAGE"
 
-# acpi=off: no MADT, so the CPUs and the IOAPIC come from the MP table; the guest cannot
-# power off without ACPI (it halts), so the VM is killed once the guest has reported.
+# acpi=off: no MADT, so the CPUs and the IOAPIC come from the MP table; without ACPI the
+# guest has no way to power the VM off, so the VM is killed once the guest has reported.
 log=/tmp/acpi-off.log
 densevm run --kernel "$GUEST_VMLINUX" --initrd "$GUEST_INITRD" --memory 256M --cpus 2 \
   --cmdline "$CMDLINE acpi=off densevm.script=$CPU_SCRIPT" > "$log" 2>&1 &

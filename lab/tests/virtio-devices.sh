@@ -1,5 +1,5 @@
 #!/bin/sh
-# lab-seconds: 189
+# lab-seconds: 190
 # densevm's virtio-pci devices with the stock Debian guest: one L1 boot, three L2 boots.
 #  A. --share (virtio-9p), --disk (virtio-blk: raw, pcow, read-only), --rng (virtio-rng):
 #     the guest copies a 400-file tree out of the share into its tmpfs (checksums must
