@@ -9,6 +9,12 @@ fail() {
   exit 1
 }
 
+# Kernel parameters of every densevm L2 boot in the lab: pci=noearly skips Linux's search
+# for an AGP bridge on AMD CPUs (TCG's -cpu max is one), 256 buses x 32 slots read through
+# ports 0xcf8/0xcfc twice: ~33,700 exits to densevm's user space, ~3 s of a boot here
+# (docs/benchmarks.md, "Linux boot time in the nested lab").
+L2_KERNEL_ARGS="pci=noearly"
+
 # vmm_threads PID: each thread of a (hung) VMM: name, state, kernel wait channel and the
 # syscall it is in (/proc/PID/task/T/syscall: number and arguments), to tell where it waits.
 vmm_threads() {
@@ -122,7 +128,7 @@ guest_pmem_script() {
 run_pmem_guest() {
   _b64=$(printf '%s\n' "$4" | base64 | tr -d '\n')
   timeout 600 densevm run --kernel "$GUEST_VMLINUX" --initrd "$GUEST_INITRD" --memory 256M \
-    --report-json "$1.json" --pmem "$2" --cmdline "console=ttyS0 panic=-1 quiet modules=$3 densevm.script=$_b64" > "$1" 2>&1
+    --report-json "$1.json" --pmem "$2" --cmdline "console=ttyS0 panic=-1 $L2_KERNEL_ARGS quiet modules=$3 densevm.script=$_b64" > "$1" 2>&1
   _status=$?
   grep -E 'DENSEVM|/mnt' "$1" | head -n 20
   [ "$_status" = 0 ] || { tail -n 30 "$1"; fail "densevm run --pmem $2 exited with $_status"; }
@@ -254,7 +260,7 @@ l2_start() {
   _log=$1 _initrd=$2
   _b64=$(printf '%s\n' "$3" | gzip -9 | base64 | tr -d '\n')
   shift 3
-  _cmd="console=ttyS0 panic=-1 quiet modules=$L2_MODULES${L2_APPEND:+ $L2_APPEND} densevm.script=$_b64"
+  _cmd="console=ttyS0 panic=-1 $L2_KERNEL_ARGS quiet modules=$L2_MODULES${L2_APPEND:+ $L2_APPEND} densevm.script=$_b64"
   [ ${#_cmd} -le 2040 ] || fail "guest script too long: the command line would be ${#_cmd} bytes (limit 2047)"
   : > "$_log"
   rm -f "$_log.json"

@@ -10,7 +10,7 @@
 need_cmd densevm
 need_file "$GUEST_VMLINUX" "$GUEST_BZIMAGE" "$GUEST_INITRD"
 [ -c /dev/kvm ] || fail "/dev/kvm missing in L1"
-CMDLINE="console=ttyS0 panic=-1 quiet"
+CMDLINE="console=ttyS0 panic=-1 $L2_KERNEL_ARGS quiet"
 
 # The guest reports how many CPUs it runs on (init runs this script, then powers off).
 CPU_SCRIPT=$(printf '%s\n' 'echo DENSEVM-CPUS=$(grep -c ^processor /proc/cpuinfo)' \

@@ -179,7 +179,7 @@ EOF
 )
 B64=$(printf '%s\n' "$GUEST_FNS
 $GUEST" | gzip -9 | base64 | tr -d '\n')
-CMDLINE="console=ttyS0 panic=-1 quiet modules=virtio_pci,virtio_blk,virtio_balloon densevm.script=$B64"
+CMDLINE="console=ttyS0 panic=-1 $L2_KERNEL_ARGS quiet modules=virtio_pci,virtio_blk,virtio_balloon densevm.script=$B64"
 [ ${#CMDLINE} -le 2040 ] || fail "guest script too long: the command line would be ${#CMDLINE} bytes"
 t_boot=$(uptime_s)
 for vm in base hi; do

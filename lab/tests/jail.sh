@@ -62,7 +62,7 @@ umount /mnt/share || exit 23
 SH
 )
 b64=$(printf '%s\n' "$SCRIPT" | gzip -9 | base64 | tr -d '\n')
-CMDLINE="console=ttyS0 panic=-1 quiet modules=$L2_MODULES,virtio_net densevm.script=$b64"
+CMDLINE="console=ttyS0 panic=-1 $L2_KERNEL_ARGS quiet modules=$L2_MODULES,virtio_net densevm.script=$b64"
 [ ${#CMDLINE} -le 2040 ] || fail "guest script too long: ${#CMDLINE} bytes of command line"
 set -- --kernel "$GUEST_VMLINUX" --initrd "$GUEST_INITRD_TOOLS" --memory 256M --cmdline "$CMDLINE" \
   --share "$W/share,tag=host0" --disk "$W/disk.pcow" --net tap=jt0 \

@@ -31,7 +31,7 @@ pids=""
 for i in 1 2; do
   densevm image create "top$i.pcow" 64M -b base.pcow > /dev/null || fail "image create top$i"
   densevm run --kernel "$GUEST_VMLINUX" --initrd "$GUEST_INITRD" --memory 256M --pmem "top$i.pcow" \
-    --cmdline "console=ttyS0 panic=-1 quiet hold modules=$MODULES densevm.script=$READ_FILE" \
+    --cmdline "console=ttyS0 panic=-1 $L2_KERNEL_ARGS quiet hold modules=$MODULES densevm.script=$READ_FILE" \
     > "/tmp/share$i.log" 2>&1 &
   pids="$pids $!"
 done

@@ -31,7 +31,7 @@ EOF
 work=/tmp/vgen
 rm -rf "$work"; mkdir -p "$work"
 densevm run --kernel "$GUEST_VMLINUX" --initrd "$GUEST_INITRD" --memory 256M --cpus 1 \
-  --cmdline "console=ttyS0 panic=-1 densevm.script=$GUEST_SCRIPT" \
+  --cmdline "console=ttyS0 panic=-1 $L2_KERNEL_ARGS densevm.script=$GUEST_SCRIPT" \
   --api-sock "$work/api.sock" --console-sock "$work/console.sock" > "$work/parent.log" 2>&1 &
 parent=$!
 trap 'kill $parent $clone 2>/dev/null' EXIT

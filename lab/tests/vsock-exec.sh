@@ -37,7 +37,7 @@ expect_refused "a uds path in a missing directory" "writable directory" --kernel
 # ---- the VM -----------------------------------------------------------------------------------
 densevm run --kernel "$GUEST_VMLINUX" --initrd "$GUEST_INITRD" --memory 256M \
   --vsock cid=3,uds=$W/v.sock --api-sock $W/api.sock \
-  --cmdline "console=ttyS0 panic=-1 densevm.agent hold" > vm.log 2>&1 &
+  --cmdline "console=ttyS0 panic=-1 $L2_KERNEL_ARGS densevm.agent hold" > vm.log 2>&1 &
 vm=$!
 restored=
 clones=
