@@ -1,12 +1,13 @@
 #!/bin/sh
-# lab-seconds: 160
+# lab-seconds: 150
 # virtio-balloon with the stock Debian guest (issue #12), one L1 boot, one L2:
 # `densevm run --balloon amount_mib=0,deflate_on_oom,stats_interval_s=1,free_page_reporting=on
-# --api-sock` with 512 MiB of RAM, a read-only sparse 320 MiB disk and a shell on its console.
+# --api-sock` with 512 MiB of RAM, a read-only sparse 256 MiB disk and a shell on its console.
 #  c. statistics: GET /balloon/statistics shows the guest's total, free and available
 #     memory (non-zero) within 60 s of the driver starting;
-#  a. free page reporting: the guest writes 200 MiB into a tmpfs file (the VMM's RSS grows),
-#     then removes it: the VMM's RSS falls by >= 90% of 200 MiB within 10 s;
+#  a. free page reporting: the guest writes 128 MiB into a tmpfs file (the VMM's RSS grows),
+#     then removes it: the VMM's RSS falls by >= 108 MiB within 10 s (all but 20 MiB: the
+#     guest reports free 2 MiB blocks only, and ~10 MiB of it never came back in runs);
 #  b. inflate: the guest fills its page cache from the disk (RSS grows), then
 #     `densevm vm balloon --amount-mib 256` (half its RAM): GET /balloon shows actual = 256
 #     MiB, the VMM's RSS falls under RAM - balloon + 32 MiB, the guest answers; deflate to 0:
@@ -20,7 +21,7 @@ need_l2_densevm
 need_cmd awk truncate
 W=/tmp/balloon
 tmpfs_workdir "$W"
-truncate -s 320M cache.raw || fail "truncate cache.raw"
+truncate -s 256M cache.raw || fail "truncate cache.raw"
 
 GUEST=$(cat <<'EOF'
 wait_dev /dev/vda
@@ -76,13 +77,13 @@ densevm vm balloon-stats --api-sock "$W/api.sock"
 # a. Free page reporting.
 sleep 5 # let boot-time frees be reported first
 r0=$(rss_kb)
-ask 'echo W-$((100+1))-$(dd if=/dev/zero of=/mnt/t/f bs=1M count=200 2>&1 | tail -n 1 | tr " " _)' 'W-101'
+ask 'echo W-$((100+1))-$(dd if=/dev/zero of=/mnt/t/f bs=1M count=128 2>&1 | tail -n 1 | tr " " _)' 'W-101'
 r1=$(rss_kb)
-echo "a. 200 MiB written into the guest's tmpfs: VMM RSS $(mib "$r0") -> $(mib "$r1") MiB (+$(mib $((r1 - r0))) MiB)"
-[ $((r1 - r0)) -ge $((150 * 1024)) ] || fail "the VMM's RSS grew by $(mib $((r1 - r0))) MiB only: the guest's write did not land in new host memory"
+echo "a. 128 MiB written into the guest's tmpfs: VMM RSS $(mib "$r0") -> $(mib "$r1") MiB (+$(mib $((r1 - r0))) MiB)"
+[ $((r1 - r0)) -ge $((96 * 1024)) ] || fail "the VMM's RSS grew by $(mib $((r1 - r0))) MiB only: the guest's write did not land in new host memory"
 ask 'rm /mnt/t/f; echo RM-$((6*7))' 'RM-42'
 t0=$(now)
-want=$((200 * 1024 * 9 / 10))
+want=$(((128 - 20) * 1024))
 fell=0
 while :; do
   r2=$(rss_kb)
@@ -96,12 +97,12 @@ echo "a. after rm: VMM RSS $(mib "$r1") -> $(mib "$r2") MiB (-$(mib $((r1 - r2))
   sleep 10; r3=$(rss_kb)
   fail "free page reporting: RSS fell by $(mib $((r1 - r2))) MiB in 10 s (want >= $(mib $want) MiB; 10 s later: -$(mib $((r1 - r3))) MiB)"
 }
-echo "ok: free page reporting gave back $(mib $((r1 - r2))) MiB of 200 MiB in ${el} s"
+echo "ok: free page reporting gave back $(mib $((r1 - r2))) MiB of 128 MiB in ${el} s"
 
 # b. Inflate to half of RAM, deflate.
 # dd with 1 MiB reads, not `cat | wc -c`: no copy through a pipe, and larger requests (under
 # nested TCG this read took 105 s of the test's 248 with cat, 29 s of 155 with dd).
-ask 'echo C-$(dd if=/dev/vda of=/dev/null bs=1M 2>&1 | tail -n 1 | tr " " _)' 'C-320+0_records_out' 300
+ask 'echo C-$(dd if=/dev/vda of=/dev/null bs=1M 2>&1 | tail -n 1 | tr " " _)' 'C-256+0_records_out' 300
 r3=$(rss_kb)
 echo "b. guest page cache filled from the disk: VMM RSS $(mib "$r3") MiB"
 densevm vm balloon --api-sock "$W/api.sock" --amount-mib 256 || fail "PATCH /balloon 256"
