@@ -13,7 +13,7 @@ fail() {
 # Empty: pci=noearly (it skips Linux's search for an AGP bridge on AMD CPUs, TCG's -cpu max
 # is one: ~33,700 exits to densevm's user space, ~3 s of a boot here; docs/benchmarks.md,
 # "Linux boot time in the nested lab") was here for the two CI runs of 2026-12-07 16:21
-# and 19:06 UTC, and L1 stalled five times in them (most of them while an L2 booted)
+# and 19:06 UTC, and L1 stalled five times in them (two of them as an L2 booted)
 # against none in the run just before without it. Not proven the cause, but ~3 s a boot
 # is not worth a stall's ~5 minutes.
 L2_KERNEL_ARGS="${L2_KERNEL_ARGS-}"
