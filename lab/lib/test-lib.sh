@@ -9,14 +9,14 @@ fail() {
   exit 1
 }
 
-# Kernel parameters of every densevm L2 boot in the lab (L2_KERNEL_ARGS=... to set them).
-# Empty: pci=noearly (it skips Linux's search for an AGP bridge on AMD CPUs, TCG's -cpu max
-# is one: ~33,700 exits to densevm's user space, ~3 s of a boot here; docs/benchmarks.md,
-# "Linux boot time in the nested lab") was here for the two CI runs of 2026-12-07 16:21
-# and 19:06 UTC, and L1 stalled five times in them (two of them as an L2 booted)
-# against none in the run just before without it. Not proven the cause, but ~3 s a boot
-# is not worth a stall's ~5 minutes.
-L2_KERNEL_ARGS="${L2_KERNEL_ARGS-}"
+# Kernel parameters of every densevm L2 boot in the lab: pci=noearly skips Linux's search
+# for an AGP bridge on AMD CPUs (TCG's -cpu max is one), 256 buses x 32 slots read through
+# ports 0xcf8/0xcfc twice: ~33,700 exits to densevm's user space, ~3 s of a boot here
+# (docs/benchmarks.md, "Linux boot time in the nested lab"). Not a cause of L1's TCG
+# stalls: taken off for one CI run on 2026-12-07, L1 stalled three times in it (twice in
+# densevm-l2-boot's acpi=off boot, which had never stalled with it), as often as in the
+# two runs with it.
+L2_KERNEL_ARGS="pci=noearly"
 
 # vmm_threads PID: each thread of a (hung) VMM: name, state, kernel wait channel and the
 # syscall it is in (/proc/PID/task/T/syscall: number and arguments), to tell where it waits.
