@@ -73,7 +73,8 @@ same() { # same WHAT EXPECTED ACTUAL
 }
 
 # ---- B. ext4 and DAX ext4, fsync, then kill -9 --------------------------------------------
-RAW_SECTORS=262144 PCOW_SECTORS=524288 RO_SECTORS=32768 # 128M, 256M, 16M
+# The guest tells the disks apart by size (dev_of_size): raw 128M = 262144 sectors, pcow
+# 256M = 524288, read-only 16M = 32768.
 truncate -s 128M disk.raw || fail "truncate disk.raw"
 new_image disk.pcow 256M
 new_image pmem.pcow 64M
