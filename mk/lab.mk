@@ -61,9 +61,9 @@ lab: guest
 # pending in its IRR above its priority, and never taken, so QEMU no longer wakes that vCPU
 # or no longer lets it take interrupts (GIF, which the dump cannot show). Kicks between L1
 # CPUs while one runs L2 are what this test does most; with the VMM pinned to one L1 CPU
-# (L2_CPUS, lab/lib/test-lib.sh) virtio-devices passed 3 of 3 run alone, and it stayed out
-# of the stalls since; from 2026-12-07 every test runs on one L1 CPU (LAB_SCRIPT_CPUS,
-# lab/test-all), its VMMs with it.
+# (L2_CPUS, lab/lib/test-lib.sh) virtio-devices passed 3 of 3 run alone, and it was in none
+# of the six stalls of two CI runs on 2026-12-07; since then every test runs on one L1 CPU
+# (LAB_SCRIPT_CPUS, lab/test-all), its VMMs with it.
 LAB_RETRIES ?= 2
 LAB_JOBS ?= 1
 test-lab: guest test-kernel-real
