@@ -1,5 +1,6 @@
 #!/bin/sh
 # lab-seconds: 147
+# lab-cpus: all
 # densevm boots the stock Debian kernel in the nested lab (issue 3).
 # Checks: PVH boot of the ELF vmlinux with 2 vCPUs reaches init and powers off with exit
 # code 0, having found densevm's MP table at 0x9fc00; the bzImage path does the same; with

@@ -1,5 +1,6 @@
 #!/bin/sh
 # lab-seconds: 6
+# lab-cpus: all
 # pmem copy-on-write on hardware-style KVM (issue 5): L1's kvm-amd, unlike the development
 # host's PVM, refuses a vCPU write to a PROT_READ host page with a bare EFAULT (Linux 6.1
 # has no KVM_EXIT_MEMORY_FAULT). densevm therefore maps base-image and snapshot clusters

@@ -1,5 +1,6 @@
 #!/bin/sh
 # lab-seconds: 29
+# lab-cpus: all
 # Lab proof: QEMU 7.2 with KVM inside L1 boots the stock Debian L2 kernel (bzImage)
 # with the densevm guest initrd; init must print DENSEVM-GUEST-INIT and power off.
 . "$LAB_SRC/lib/test-lib.sh"

@@ -1,5 +1,6 @@
 #!/bin/sh
 # lab-seconds: 200
+# lab-cpus: all
 # lab-disk: 1G
 # Memory tiering with the stock Debian guest (issue #13), one L1 boot, one L2:
 # `densevm run --memory 256M --cpus 2 --memory-budget 128M,...` (a DRAM budget of half its
