@@ -62,8 +62,9 @@ lab: guest
 # or no longer lets it take interrupts (GIF, which the dump cannot show). Kicks between L1
 # CPUs while one runs L2 are what this test does most; with the VMM pinned to one L1 CPU
 # (L2_CPUS, lab/lib/test-lib.sh) virtio-devices passed 3 of 3 run alone, and it was in none
-# of the six stalls of two CI runs on 2026-12-07; since then every test runs on one L1 CPU
-# (LAB_SCRIPT_CPUS, lab/test-all), its VMMs with it.
+# of the six stalls of two CI runs on 2026-12-07; since then every test whose L2 has one
+# vCPU runs on one L1 CPU, its VMMs with it (LAB_SCRIPT_CPUS, lab/test-all; those with two
+# keep both: pinned, they stalled twice in one CI run).
 LAB_RETRIES ?= 2
 LAB_JOBS ?= 1
 test-lab: guest test-kernel-real
