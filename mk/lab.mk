@@ -61,10 +61,18 @@ lab: guest
 # pending in its IRR above its priority, and never taken, so QEMU no longer wakes that vCPU
 # or no longer lets it take interrupts (GIF, which the dump cannot show). Kicks between L1
 # CPUs while one runs L2 are what this test does most; with the VMM pinned to one L1 CPU
-# (L2_CPUS, lab/lib/test-lib.sh) virtio-devices passed 3 of 3 run alone, and it was in none
-# of the six stalls of two CI runs on 2026-12-07; since then every test whose L2 has one
-# vCPU runs on one L1 CPU, its VMMs with it (LAB_SCRIPT_CPUS, lab/test-all; those with two
-# keep both: pinned, they stalled twice in one CI run).
+# (L2_CPUS, lab/lib/test-lib.sh) virtio-devices passed 3 of 3 run alone, stalled in none
+# of the six stalls of two CI runs on 2026-12-07 (which hit six other tests), where it had
+# stalled in 5 of 6 attempts in two CI runs before. Since then every test whose L2 has one
+# vCPU runs on L1 CPU 1 with all it starts (LAB_SCRIPT_CPUS, lab/test-all). L1's second
+# vCPU mostly idled anyway: on a quiet host the 16 tests other than fleet-manager took
+# 12.2 min all pinned against 11.1 unpinned, the difference all in the tests whose L2 has
+# two vCPUs (densevm-l2-boot 90 s against 56, tiering 124 against 89). Those keep both
+# CPUs ("# lab-cpus: all"): the second CI run with every test pinned stalled twice, in
+# densevm-l2-boot and qemu-l2-boot, each during or just after a two-vCPU L2 boot squeezed
+# onto one L1 CPU, with the same two L1 RIPs (both vCPUs spinning with interrupts off);
+# the first pinned run and an unpinned one had none. Whether pinning the others makes
+# stalls rarer, CI runs on a loaded host will tell.
 LAB_RETRIES ?= 2
 LAB_JOBS ?= 1
 test-lab: guest test-kernel-real
