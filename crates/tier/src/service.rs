@@ -4,7 +4,6 @@
 //! page is never served and evicted at once.
 
 use std::io;
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -12,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use densevm_uffd::{Msg, Resolved, EVENT_PAGEFAULT, FLAG_MINOR};
 
+use crate::poll::{self, FaultPoll};
 use crate::store::{Compressed, Swap};
 use crate::table::Location;
 use crate::{punch, reader, Counters, Shared, State, PAGE};
@@ -47,7 +47,7 @@ const MAX_WINDOW: usize = 16;
 /// adds, so the store comes back under its share.
 const DEMOTE_BATCH: usize = 2 * EVICT_BATCH;
 
-pub(crate) fn run(sh: Arc<Shared>) {
+pub(crate) fn run(sh: Arc<Shared>, mut poll: FaultPoll) {
     let now = coarse_now();
     let mut svc = Service {
         page: vec![0u8; PAGE as usize],
@@ -59,6 +59,7 @@ pub(crate) fn run(sh: Arc<Shared>) {
         store_error: false,
     };
     let mut busy = false;
+    let mut served = false;
     let mut tick = TICK;
     while !sh.stop.load(Ordering::Relaxed) {
         // Still over the budget after a step: the next step at once. Otherwise sleep until
@@ -66,10 +67,18 @@ pub(crate) fn run(sh: Arc<Shared>) {
         // once (a turn that served faults used to look once more without sleeping: two
         // system calls more per fault, for nothing the sleep would not find).
         let slept = !busy;
-        wait(&sh, if busy { Duration::ZERO } else { tick });
+        if busy {
+            poll::sleep(&sh, Duration::ZERO);
+        } else if served && poll.poll(|| sh.fault_waiting()) {
+            // A fault came while the thread polled (poll.rs): read without a wake-up.
+            Counters::add(&sh.counters.faults_polled, 1);
+        } else {
+            let fault = poll::sleep(&sh, tick);
+            poll.slept(fault);
+        }
         let mut st = sh.state.lock().unwrap_or_else(|p| p.into_inner());
         svc.now = coarse_now();
-        let served = svc.serve_all(&sh, &mut st);
+        served = svc.serve_all(&sh, &mut st);
         // The table's count of the file's pages, which the budget is kept by, against the
         // kernel's, once a tick (pages written behind the tier's back count from then on).
         if svc.now.saturating_sub(svc.last_check) >= TICK {
@@ -111,29 +120,6 @@ pub(crate) fn run(sh: Arc<Shared>) {
     // Callers read the running thread's CPU clock (`Tier::stats`); this is what they read
     // once it has ended.
     Counters::add(&sh.counters.service_cpu_ns, thread_cpu_ns());
-}
-
-/// Sleeps until a fault message or a wake-up arrives, or `timeout` passes.
-fn wait(sh: &Shared, timeout: Duration) {
-    let mut fds = [
-        libc::pollfd {
-            fd: sh.uffd.raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        },
-        libc::pollfd {
-            fd: sh.wake.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        },
-    ];
-    // SAFETY: poll on two pollfds we own, for at most `timeout`.
-    unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout.as_millis() as i32) };
-    if fds[1].revents & libc::POLLIN != 0 {
-        let mut v = [0u8; 8];
-        // SAFETY: draining the eventfd counter into a local buffer.
-        unsafe { libc::read(sh.wake.as_raw_fd(), v.as_mut_ptr().cast(), 8) };
-    }
 }
 
 pub(crate) fn thread_cpu_ns() -> u64 {

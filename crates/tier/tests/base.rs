@@ -194,6 +194,7 @@ fn a_ram_file_with_data_is_refused_over_a_base() {
             swap_dir: std::env::temp_dir(),
             base: Some(base),
             swap_readers: 0,
+            poll_faults: true,
         },
     )
     .err()

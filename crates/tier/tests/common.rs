@@ -39,22 +39,30 @@ impl Region {
     /// /var/tmp, on disk (readers only take direct reads, which tmpfs before Linux 6.6
     /// refuses).
     pub fn with_readers(size: u64, budget: u64, readers: usize) -> Region {
-        Region::try_start(size, budget, None, "/var/tmp".into(), readers)
+        Region::try_start(size, budget, None, "/var/tmp".into(), readers, true)
             .unwrap_or_else(|e| panic!("cannot start a tier (this test needs it): {e}"))
     }
 
     fn start(size: u64, budget: u64, base: Option<Arc<File>>, swap_dir: PathBuf) -> Region {
-        Region::try_start(size, budget, base, swap_dir, 0)
+        Region::try_start(size, budget, base, swap_dir, 0, true)
             .unwrap_or_else(|e| panic!("cannot start a tier (this test needs it): {e}"))
     }
 
     /// A region, its data in `base` if given; the tier's error if it does not start.
+    /// A region whose tier's service thread polls for faults or not
+    /// (`TierConfig::poll_faults`).
+    pub fn with_poll(size: u64, budget: u64, poll_faults: bool) -> Region {
+        Region::try_start(size, budget, None, std::env::temp_dir(), 0, poll_faults)
+            .unwrap_or_else(|e| panic!("cannot start a tier (this test needs it): {e}"))
+    }
+
     fn try_start(
         size: u64,
         budget: u64,
         base: Option<Arc<File>>,
         swap_dir: PathBuf,
         swap_readers: usize,
+        poll_faults: bool,
     ) -> Result<Region, densevm_tier::TierError> {
         // SAFETY: memfd_create with a NUL-terminated name; the descriptor is owned below.
         let fd = unsafe { libc::memfd_create(c"tier-test".as_ptr(), libc::MFD_CLOEXEC) };
@@ -88,6 +96,7 @@ impl Region {
                 swap_dir,
                 base,
                 swap_readers,
+                poll_faults,
             },
         );
         let tier = match tier {

@@ -35,6 +35,9 @@ pub struct TierSettings {
     /// Offer KVM's async page faults to a booted guest (`async_pf=on`; default off, see
     /// [`crate::arch::cpuid::CpuidOptions`]). A restored guest keeps what it had.
     pub async_pf: bool,
+    /// Whether the tier's service thread polls briefly for the next fault before it
+    /// sleeps (`poll=on|off`, default on; `densevm_tier::TierConfig::poll_faults`).
+    pub poll: bool,
 }
 
 /// Checks a budget (a budget above the VM's RAM is allowed: the tier then has nothing to
@@ -89,6 +92,7 @@ pub fn start(
             swap_dir: settings.swap_dir.clone(),
             base,
             swap_readers: settings.readers.unwrap_or_else(|| swap_readers(vcpus)),
+            poll_faults: settings.poll,
         },
     )
     .map_err(|e| VmmError::Config(format!("--memory-budget: {e}")))?;
@@ -197,6 +201,7 @@ mod tests {
             swap_dir: std::env::temp_dir(),
             readers: None,
             async_pf: false,
+            poll: true,
         };
         start(&memory, &mut lock_ram(&ram), &settings, None, 1).unwrap();
         let pages = size / PAGE as u64;
@@ -271,6 +276,7 @@ mod tests {
             swap_dir: std::env::temp_dir(),
             readers: None,
             async_pf: false,
+            poll: true,
         };
         let e = start(&memory, &mut ram, &settings, None, 1)
             .unwrap_err()

@@ -112,14 +112,15 @@ pub struct RunArgs {
     #[arg(long, value_name = "amount_mib=N[,OPTS]", value_parser = crate::cmd::balloon::parse_balloon)]
     pub balloon: Option<densevm_virtio::balloon::BalloonConfig>,
     /// Keep guest RAM under a DRAM budget: SIZE[,compressed=SIZE][,swap_dir=DIR]
-    /// [,readers=N][,async_pf=on|off]. Cold pages leave RAM (zero pages for nothing,
+    /// [,readers=N][,async_pf=on|off][,poll=on|off]. Cold pages leave RAM (zero pages for nothing,
     /// compressible ones to an in-memory LZ4 store counted within the budget — at most
     /// `compressed`, default a quarter of it — the rest to an unlinked swap file in
     /// `swap_dir`, default $TMPDIR) and come back on access, for any guest
     /// (docs/tiering.md). `readers`: threads that read swap-file pages beside the tier's
     /// service thread (default 3 from 4 vCPUs on, else 0). PATCH /memory-tier
     /// changes it. A booted guest is not offered KVM's async page faults unless
-    /// `async_pf=on`. With --restore, RAM is a file of the VM's own filled from the
+    /// `async_pf=on`. `poll=off`: the tier's service thread sleeps right after serving
+    /// faults instead of polling up to 200 µs for the next one. With --restore, RAM is a file of the VM's own filled from the
     /// snapshot on first access (not shared with other restores of the snapshot).
     #[arg(long, value_name = "SIZE[,OPTS]", value_parser = crate::cmd::tier::parse_memory_budget)]
     pub memory_budget: Option<densevm_vmm::tiering::TierSettings>,

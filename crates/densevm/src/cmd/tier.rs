@@ -9,7 +9,7 @@ use densevm_vmm::tiering::{TierHandle, TierSettings, TierStats};
 use std::path::PathBuf;
 
 const USAGE: &str =
-    "SIZE[,compressed=SIZE][,swap_dir=DIR][,readers=N][,async_pf=on|off], e.g. --memory-budget 256M";
+    "SIZE[,compressed=SIZE][,swap_dir=DIR][,readers=N][,async_pf=on|off][,poll=on|off], e.g. --memory-budget 256M";
 
 /// Parses `--memory-budget` ([`USAGE`]).
 pub fn parse_memory_budget(spec: &str) -> anyhow::Result<TierSettings> {
@@ -31,6 +31,7 @@ pub fn parse_memory_budget(spec: &str) -> anyhow::Result<TierSettings> {
         swap_dir: std::env::temp_dir(),
         readers: None,
         async_pf: false,
+        poll: true,
     };
     for o in parts {
         match o.split_once('=') {
@@ -54,6 +55,9 @@ pub fn parse_memory_budget(spec: &str) -> anyhow::Result<TierSettings> {
             Some(("async_pf", v)) => {
                 bail!("--memory-budget {spec}: async_pf is on or off, not {v:?}")
             }
+            Some(("poll", "on")) => settings.poll = true,
+            Some(("poll", "off")) => settings.poll = false,
+            Some(("poll", v)) => bail!("--memory-budget {spec}: poll is on or off, not {v:?}"),
             _ => bail!("--memory-budget {spec}: unknown option '{o}' ({USAGE})"),
         }
     }
@@ -118,9 +122,12 @@ mod tests {
             (64 << 20, None, false)
         );
         assert_eq!(s.readers, None);
+        assert!(s.poll);
         let s =
-            parse_memory_budget("1G,compressed=128M,swap_dir=/tmp,readers=2,async_pf=on").unwrap();
+            parse_memory_budget("1G,compressed=128M,swap_dir=/tmp,readers=2,async_pf=on,poll=off")
+                .unwrap();
         assert!(s.async_pf);
+        assert!(!s.poll);
         assert_eq!(s.readers, Some(2));
         assert_eq!(s.budget, 1 << 30);
         assert_eq!(s.compressed_max, Some(128 << 20));
@@ -133,6 +140,7 @@ mod tests {
             ("64M,zstd", "unknown option"),
             ("64M,compressed=x", "compressed"),
             ("64M,async_pf=yes", "on or off"),
+            ("64M,poll=1", "poll is on or off"),
             ("64M,readers=17", "from 0 to 16"),
             ("64M,readers=-1", "number of threads"),
         ] {

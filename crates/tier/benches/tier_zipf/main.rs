@@ -27,6 +27,8 @@
 //!                     itself (page tables, heap, stacks): 8
 //!   --compressed-frac F  the tier's compressed store at most F of the budget (default: the
 //!                     tier's own default, 1/4)
+//!   --poll on|off     whether the tier's service thread polls for the next fault before it
+//!                     sleeps (on)
 //!   --op-us US        CPU work per request besides the store access (0: full speed; a
 //!                     server's parsing and network stack cost some µs per request)
 //!   --out FILE        the raw result lines, appended
@@ -71,6 +73,8 @@ struct Opts {
     op_us: f64,
     /// Swap-file reader threads beside the service thread (`TierConfig::swap_readers`).
     readers: usize,
+    /// Whether the tier's service thread polls for faults (`TierConfig::poll_faults`).
+    poll: bool,
     out: Option<String>,
     child: Option<String>,
 }
@@ -89,6 +93,7 @@ fn parse() -> Opts {
         budget: None,
         op_us: 0.0,
         readers: 0,
+        poll: true,
         out: None,
         child: None,
     };
@@ -112,6 +117,13 @@ fn parse() -> Opts {
             "--budget" => o.budget = Some(num(&val())),
             "--op-us" => o.op_us = num(&val()),
             "--readers" => o.readers = num(&val()),
+            "--poll" => {
+                o.poll = match val().as_str() {
+                    "on" => true,
+                    "off" => false,
+                    v => die(&format!("--poll is on or off, not {v}")),
+                }
+            }
             "--out" => o.out = Some(val()),
             "--child" => o.child = Some(val()),
             _ => die(&format!("unknown argument {a}")),
@@ -173,6 +185,7 @@ fn child(o: &Opts, mode: &str) {
                 swap_dir: o.swap_dir.clone().into(),
                 base: None,
                 swap_readers: o.readers,
+                poll_faults: o.poll,
             },
         )
         .unwrap_or_else(|e| die(&format!("cannot start the tier: {e}")))
@@ -268,7 +281,7 @@ fn child(o: &Opts, mode: &str) {
             " budget={} tier_resident={} tier_compressed_bytes={} tier_compressed_data={} \
              tier_compressed_pages={} \
              tier_swap_pages={} missing_faults={} faults_compressed={} faults_swap={} \
-             swap_reads_behind={} minor_faults={} prefetched={} armed={} \
+             swap_reads_behind={} minor_faults={} prefetched={} armed={} faults_polled={} \
              evicted_zero={} evicted_compressed={} evicted_swap={} demoted={} \
              service_ns_per_op={:.1}",
             b.budget,
@@ -284,6 +297,7 @@ fn child(o: &Opts, mode: &str) {
             d(|s| s.minor_faults),
             d(|s| s.prefetched),
             d(|s| s.armed),
+            d(|s| s.faults_polled),
             d(|s| s.evicted_zero),
             d(|s| s.evicted_compressed),
             d(|s| s.evicted_swap),

@@ -77,6 +77,7 @@ pub(crate) fn parent(o: &Opts) {
         }
         cmd.args(["--op-us", &o.op_us.to_string()]);
         cmd.args(["--readers", &o.readers.to_string()]);
+        cmd.args(["--poll", if o.poll { "on" } else { "off" }]);
         if let Some(b) = budget {
             cmd.args(["--budget", &b.to_string()]);
         }
