@@ -344,6 +344,11 @@ pub struct MemoryTierInfo {
     pub prefetched: u64,
     /// Pages armed by the cold-page detector.
     pub armed: u64,
-    /// CPU time the tier's service thread and its swap-file readers used, microseconds.
+    /// Faults the service thread found while it polled for the next one after serving
+    /// faults (no wake-up; `poll=off` or one CPU: 0).
+    #[serde(default)]
+    pub faults_polled: u64,
+    /// CPU time the tier's service thread and its swap-file readers used, microseconds
+    /// (polling included).
     pub service_cpu_us: u64,
 }

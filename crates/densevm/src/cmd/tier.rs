@@ -86,6 +86,7 @@ pub fn info(s: &TierStats) -> MemoryTierInfo {
         minor_faults: s.minor_faults,
         prefetched: s.prefetched,
         armed: s.armed,
+        faults_polled: s.faults_polled,
         service_cpu_us: s.service_cpu_ns / 1000,
     }
 }

@@ -259,7 +259,7 @@ pub fn main(args: VmArgs) -> anyhow::Result<i32> {
             let t = client.memory_tier()?;
             let human = format!(
                 "memory tier: budget {} MiB, resident {} MiB; compressed {} pages in {} KiB, swap file {} pages, {} pages only in the snapshot (a restore)
-left RAM: {} zero, {} clean (the snapshot has them), {} compressed, {} to swap ({} demoted); faults: {} missing ({} from the compressed store, {} from swap ({} by readers), {} from the snapshot), {} minor (cold-page samples), {} prefetched; service CPU {:.1} ms",
+left RAM: {} zero, {} clean (the snapshot has them), {} compressed, {} to swap ({} demoted); faults: {} missing ({} from the compressed store, {} from swap ({} by readers), {} from the snapshot), {} minor (cold-page samples), {} prefetched, {} found by polling; service CPU {:.1} ms",
                 t.budget_mib,
                 t.resident_kib >> 10,
                 t.compressed_pages,
@@ -278,6 +278,7 @@ left RAM: {} zero, {} clean (the snapshot has them), {} compressed, {} to swap (
                 t.faults_base,
                 t.minor_faults,
                 t.prefetched,
+                t.faults_polled,
                 t.service_cpu_us as f64 / 1e3,
             );
             done(sock.json, serde_json::to_value(t)?, human)
