@@ -26,8 +26,9 @@
 #   tier-eq-hi  the same with that DRAM counted high: resident guest RAM + all of zram (the
 #            kernel also swaps the cgroup's other pages, whose part of zram cannot be told
 #            apart): the kernel's true figure lies between the two
-#   tier-alt the tier with another densevm build (BENCH_REDIS_ALT, a path in L1), for
-#            paired runs of two builds in one boot ("tier tier-alt tier tier-alt"); like
+#   tier-alt the tier with another densevm build (BENCH_REDIS_ALT, a path in L1) or other
+#            budget options (BENCH_REDIS_ALT_OPTS instead of BENCH_REDIS_BUDGET_OPTS, e.g.
+#            ",poll=off"), for paired runs in one boot ("tier tier-alt tier tier-alt"); like
 #            `tier`, each of its VMs measures its own WS after the load
 # In each, L1 runs through `densevm exec`: `kvzipf load` (BENCH_REDIS_KEYS keys of
 # BENCH_REDIS_VLEN bytes into redis-server), then for each DRAM share of BENCH_REDIS_SHARES
@@ -127,7 +128,9 @@ trap cleanup EXIT
 start_vm() {
   rm -f "$W"/*.sock
   budget=
-  is_kernel "$1" || budget="--memory-budget $MEM,swap_dir=$SWAPDIR${BENCH_REDIS_BUDGET_OPTS:-}"
+  opts=${BENCH_REDIS_BUDGET_OPTS:-}
+  [ "$1" = tier-alt ] && [ -n "${BENCH_REDIS_ALT_OPTS:-}" ] && opts=$BENCH_REDIS_ALT_OPTS
+  is_kernel "$1" || budget="--memory-budget $MEM,swap_dir=$SWAPDIR$opts"
   # The kernel modes' VMM joins the cgroup before it allocates anything.
   join=:
   is_kernel "$1" && join="echo \$\$ > $cg/cgroup.procs"
@@ -138,7 +141,7 @@ start_vm() {
   # tier-alt: the same with another densevm binary (BENCH_REDIS_ALT), to pair two builds
   # in one L1 boot (boots differ more than builds, docs/benchmarks.md run 12).
   bin=densevm
-  [ "$1" = tier-alt ] && bin=$BENCH_REDIS_ALT
+  [ "$1" = tier-alt ] && [ -n "${BENCH_REDIS_ALT:-}" ] && bin=$BENCH_REDIS_ALT
   # The kernel modes copy the boot images into guest RAM as a budget does (BENCH_REDIS_IMAGES
   # =map: mapped from their files, as runs 1-13 did), so all guest memory is in RAM's file.
   images=
@@ -195,6 +198,8 @@ kvm_delta() { paste "$1" "$2" | awk '{ printf "kvm_%s=%d ", $1, $4 - $2 }'; }
 # tier_get: one GET /memory-tier into $W/t.json; tier_n KEY: a counter from it.
 tier_get() { densevm vm memory-tier --api-sock "$W/api.sock" --json > "$W/t.json" || fail "GET /memory-tier"; }
 tier_n() { json_number "$W/t.json" "$1"; }
+# tier_n0 NAME: the same, 0 where the answer lacks it (a build before the counter).
+tier_n0() { v=$(tier_n "$1"); echo "${v:-0}"; }
 # tier_dram FILE: the DRAM a GET /memory-tier answer counts (resident + compressed store), KiB.
 tier_dram() { echo $(($(json_number "$1" resident_kib) + $(json_number "$1" compressed_kib))); }
 zram_used() { awk '{ print $3 }' /sys/block/zram0/mm_stat 2> /dev/null || echo 0; }
@@ -248,7 +253,10 @@ ws_kib=${BENCH_REDIS_WS_KIB:-}
 for mode in $MODES; do
   case "$mode" in
     tier) ;;
-    tier-alt) [ -x "${BENCH_REDIS_ALT:-}" ] || fail "tier-alt needs BENCH_REDIS_ALT: a second densevm binary in L1 (e.g. LAB_EXTRA=build/lab/densevm-old, BENCH_REDIS_ALT=/lab/extra/densevm-old)" ;;
+    tier-alt)
+      [ -n "${BENCH_REDIS_ALT:-}${BENCH_REDIS_ALT_OPTS:-}" ] || fail "tier-alt needs BENCH_REDIS_ALT (a second densevm binary in L1, e.g. LAB_EXTRA=build/lab/densevm-old, BENCH_REDIS_ALT=/lab/extra/densevm-old) or BENCH_REDIS_ALT_OPTS (other budget options, e.g. ,poll=off)"
+      [ -z "${BENCH_REDIS_ALT:-}" ] || [ -x "$BENCH_REDIS_ALT" ] || fail "BENCH_REDIS_ALT=$BENCH_REDIS_ALT is not an executable in L1"
+      ;;
     tier-eq | tier-eq-hi) [ -s "$W/kdram.2" ] || fail "$mode needs the kernel mode's DRAM figures first" ;;
     kernel)
       cg_setup
@@ -326,7 +334,7 @@ for mode in $MODES; do
     if ! is_kernel "$mode"; then
       tier_get
       m0=$(tier_n missing_faults) n0=$(tier_n minor_faults) c0=$(tier_n service_cpu_us)
-      z0=$(tier_n faults_compressed) w0=$(tier_n faults_swap)
+      z0=$(tier_n faults_compressed) w0=$(tier_n faults_swap) p0=$(tier_n0 faults_polled)
     else
       s0=$(vmstat_n pswpin) zi0=$(vmstat_n zswpin) mf0=$(cgstat_n pgmajfault)
     fi
@@ -375,7 +383,7 @@ for mode in $MODES; do
       dram=$(tier_dram "$W/t.json")
       warm_dram=-
       [ -s "$W/tw.json" ] && warm_dram=$(tier_dram "$W/tw.json")
-      faults="missing=$(($(tier_n missing_faults) - m0)) from_compressed=$(($(tier_n faults_compressed) - z0)) from_swap=$(($(tier_n faults_swap) - w0)) minor=$(($(tier_n minor_faults) - n0)) svc_cpu_ms=$((($(tier_n service_cpu_us) - c0) / 1000)) swap_pages=$(tier_n swap_pages) resident_kib=$(tier_n resident_kib) compressed_kib=$(tier_n compressed_kib) compressed_pages=$(tier_n compressed_pages) dram_at_measure_kib=$warm_dram"
+      faults="missing=$(($(tier_n missing_faults) - m0)) from_compressed=$(($(tier_n faults_compressed) - z0)) from_swap=$(($(tier_n faults_swap) - w0)) minor=$(($(tier_n minor_faults) - n0)) polled=$(($(tier_n0 faults_polled) - p0)) svc_cpu_ms=$((($(tier_n service_cpu_us) - c0) / 1000)) swap_pages=$(tier_n swap_pages) resident_kib=$(tier_n resident_kib) compressed_kib=$(tier_n compressed_kib) compressed_pages=$(tier_n compressed_pages) dram_at_measure_kib=$warm_dram"
       # The measured part alone (the counters at its start, above).
       if [ -s "$W/tw.json" ]; then
         faults="$faults m_missing=$(($(tier_n missing_faults) - $(json_number "$W/tw.json" missing_faults))) m_minor=$(($(tier_n minor_faults) - $(json_number "$W/tw.json" minor_faults))) m_from_swap=$(($(tier_n faults_swap) - $(json_number "$W/tw.json" faults_swap))) m_svc_cpu_ms=$((($(tier_n service_cpu_us) - $(json_number "$W/tw.json" service_cpu_us)) / 1000))"
