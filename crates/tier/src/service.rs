@@ -62,10 +62,12 @@ pub(crate) fn run(sh: Arc<Shared>, mut poll: FaultPoll) {
     let mut served = false;
     let mut tick = TICK;
     while !sh.stop.load(Ordering::Relaxed) {
-        // Still over the budget after a step: the next step at once. Otherwise sleep until
-        // a fault, a wake-up or the tick; a fault queued during the turn ends the sleep at
-        // once (a turn that served faults used to look once more without sleeping: two
-        // system calls more per fault, for nothing the sleep would not find).
+        // Still over the budget after a step: the next step at once. Otherwise, after a
+        // turn that served faults, poll a while for the next one (poll.rs), then sleep
+        // until a fault, a wake-up or the tick; a fault queued during the turn ends the
+        // poll or the sleep at once (a turn that served faults used to look once more
+        // without sleeping: two system calls more per fault, for nothing the sleep would
+        // not find).
         let slept = !busy;
         if busy {
             poll::sleep(&sh, Duration::ZERO);
