@@ -72,7 +72,10 @@ lab: guest
 # densevm-l2-boot and qemu-l2-boot, each during or just after a two-vCPU L2 boot squeezed
 # onto one L1 CPU, with the same two L1 RIPs (both vCPUs spinning with interrupts off);
 # the first pinned run and an unpinned one had none. Whether pinning the others makes
-# stalls rarer, CI runs on a loaded host will tell.
+# stalls rarer, CI runs on a loaded host will tell. So far (2026-12-08): three CI runs of
+# this layout on a quiet host, 0, 0 and 1 stall; the one in virtio-devices, pinned (soft
+# lockups on both L1 CPUs, kthreadd and densevm; the timer pending on vCPU 0), passed
+# when run again: pinning does not rule them out.
 LAB_RETRIES ?= 2
 LAB_JOBS ?= 1
 test-lab: guest test-kernel-real
