@@ -91,9 +91,10 @@ pub struct TierConfig {
     /// once: a reader costs a thread switch per read.
     pub swap_readers: usize,
     /// Whether the service thread, after serving faults, polls for the next one a little
-    /// while (up to 200 µs, adapting to how soon faults come) before it sleeps, saving
-    /// the two cross-CPU wake-ups of a fault that comes meanwhile (`poll.rs`). It never
-    /// polls where its thread may use only one CPU or the clock is read by a system call.
+    /// while (up to 200 µs, adapting to how soon faults come) before it sleeps, so that a
+    /// fault that comes meanwhile need not wake it (`poll.rs`; the faulting thread's own
+    /// wake-up remains). It never polls where its thread may use only one CPU or the clock
+    /// is read by a system call.
     pub poll_faults: bool,
 }
 

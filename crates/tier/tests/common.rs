@@ -48,7 +48,6 @@ impl Region {
             .unwrap_or_else(|e| panic!("cannot start a tier (this test needs it): {e}"))
     }
 
-    /// A region, its data in `base` if given; the tier's error if it does not start.
     /// A region whose tier's service thread polls for faults or not
     /// (`TierConfig::poll_faults`).
     pub fn with_poll(size: u64, budget: u64, poll_faults: bool) -> Region {
@@ -56,6 +55,7 @@ impl Region {
             .unwrap_or_else(|e| panic!("cannot start a tier (this test needs it): {e}"))
     }
 
+    /// A region, its data in `base` if given; the tier's error if it does not start.
     fn try_start(
         size: u64,
         budget: u64,
